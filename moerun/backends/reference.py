@@ -1,0 +1,69 @@
+"""``ReferenceExperts``: the torch oracle every other backend is compared with.
+
+Runs on any device and dtype (fp64 included). It loops over local slots and uses boolean
+masks and ``nonzero`` (host-synchronising, not capturable): it is the oracle, not the fast
+path.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from moerun.backends.base import Backend, Deployment, Eligibility, Problem, RejectReason
+from moerun.config import Activation
+from moerun.env import Env
+
+__all__ = ["ReferenceExperts", "reference_moe"]
+
+
+def reference_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Pure-torch ``sum_j w[t,j] * (silu(x W_gate^T) * (x W_up^T)) W_2^T``.
+
+    Shapes as :meth:`Backend.run_experts`. Accumulates in fp32 (fp64 for fp64 inputs) and
+    returns ``x.dtype``. Host sync: yes (``nonzero`` per slot).
+    """
+    m, h = x.shape
+    num_slots, two_i, _ = w13.shape
+    inter = two_i // 2
+    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = torch.zeros(m, h, dtype=acc_dtype, device=x.device)
+    if m == 0:
+        return out.to(x.dtype)
+    ids = topk_ids.to(torch.int64)
+    for s in range(num_slots):
+        hit = ids == s  # [M, K]
+        rows = hit.any(dim=1).nonzero().squeeze(1)  # NOTE: host sync
+        if rows.numel() == 0:
+            continue
+        w = (topk_weights.to(acc_dtype) * hit.to(acc_dtype)).sum(dim=1)[rows]  # [R]
+        xs = x[rows]
+        gate_up = xs @ w13[s].t()
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = act @ w2[s].t()
+        out.index_add_(0, rows, y.to(acc_dtype) * w[:, None])
+    return out.to(x.dtype)
+
+
+class ReferenceExperts(Backend):
+    """The oracle backend: any device, any float dtype, non-divisible EP."""
+
+    name: ClassVar[str] = "reference"
+    supports_non_divisible_ep: ClassVar[bool] = True
+
+    @classmethod
+    def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        if problem.activation != Activation.SILU_GLU:
+            return Eligibility.no(RejectReason.ACTIVATION, f"{problem.activation} unsupported")
+        return Eligibility.yes()
+
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids):
+        return reference_moe(x, w13, w2, topk_weights, topk_ids)

@@ -1,0 +1,89 @@
+"""``AllGatherReduceScatter``: the universal strategy and fallback (DESIGN 5).
+
+Every rank pads its chunk to the chunk's max row count (rank-identical), all-gathers rows,
+slot ids and weights, masks other ranks' slots to ``-1``, computes, and reduce-scatters the
+fp32 partial sums. Collective shapes are always equal across ranks; with fixed counts there is
+no host sync, so it is capturable on NCCL.
+
+Layout of one chunk with R=2, counts (2, 1) -> max m=2 (``p`` = padding, ids -1):
+    gathered rows: [r0t0, r0t1, r1t0, p]  (R*m rows); rank r's output = rows [r*m, r*m+n_r).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
+from moerun.comm.base import (
+    CombineHandle,
+    CommStrategy,
+    DispatchResult,
+    PreparedDispatch,
+    to_local_slot_ids,
+)
+from moerun.env import Env
+
+__all__ = ["AllGatherReduceScatter"]
+
+
+def _pad_rows(t: torch.Tensor, rows: int, value: float | int) -> torch.Tensor:
+    if t.shape[0] == rows:
+        return t.contiguous()
+    out = t.new_full((rows, *t.shape[1:]), value)
+    out[: t.shape[0]] = t
+    return out
+
+
+class AllGatherReduceScatter(CommStrategy):
+    """All-gather dispatch, reduce-scatter combine. Wire bytes per chunk: ``R*m*(H*elt +
+    2K*4)`` gathered, ``R*m*H*4`` reduce-scattered (fp32 accumulation, a documented cost)."""
+
+    name: ClassVar[str] = "AllGatherReduceScatter"
+    supports_non_divisible_ep: ClassVar[bool] = True
+    capturable: ClassVar[bool] = True
+
+    @classmethod
+    def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        if deployment.world_size < 2:
+            return Eligibility.no(RejectReason.TOPOLOGY, "needs >= 2 ranks (NoComm covers one)")
+        return Eligibility.yes()
+
+    def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
+                 async_op: bool = False) -> DispatchResult:
+        chunk = prepared.chunk
+        n, m, r = x.shape[0], chunk.max, self.world_size
+        assert n == chunk.local, (n, chunk)
+        k = topk_ids.shape[1]
+        # NOTE: ids and fp32 weights travel in one int32 tensor (weights bit-cast).
+        meta = torch.cat([topk_ids.to(torch.int32),
+                          topk_weights.to(torch.float32).view(torch.int32)], dim=1)
+        meta = _pad_rows(meta, m, -1)
+        x_pad = _pad_rows(x, m, 0)
+        x_all = x.new_empty((r * m, x.shape[1]))
+        meta_all = meta.new_empty((r * m, 2 * k))
+        ids_local = torch.empty((r * m, k), dtype=torch.int32, device=x.device)
+        weights = torch.empty((r * m, k), dtype=torch.float32, device=x.device)
+
+        def unpack() -> None:
+            ids_local.copy_(to_local_slot_ids(meta_all[:, :k], self.slot_start,
+                                              self.num_local_slots))
+            weights.copy_(meta_all[:, k:].view(torch.float32))
+
+        p_x = self.comm.all_gather_into_tensor(x_all, x_pad, phase="dispatch")
+        p_meta = self.comm.all_gather_into_tensor(meta_all, meta, phase="dispatch", then=unpack)
+        result = DispatchResult(x=x_all, topk_ids=ids_local, topk_weights=weights,
+                                counts_per_source=chunk.counts, meta=chunk,
+                                pending=(p_x, p_meta))
+        return result if async_op else result.wait()
+
+    def combine(self, expert_out, dispatch: DispatchResult, *, async_op: bool = False):
+        chunk = dispatch.meta
+        m, n = chunk.max, chunk.local
+        out_dtype = dispatch.x.dtype
+        partial = expert_out.to(torch.float32).contiguous()
+        summed = partial.new_empty((m, partial.shape[1]))
+        pending = self.comm.reduce_scatter_tensor(summed, partial, phase="combine")
+        handle = CombineHandle((pending,), lambda: summed[:n].to(out_dtype))
+        return handle if async_op else handle.wait()

@@ -1,0 +1,134 @@
+"""``AllToAll``: send each token once to each rank holding one of its slots (DESIGN 5).
+
+Dispatch first exchanges per-destination row counts (a host-synchronising all-to-all, so
+this strategy is not capturable), then the rows and their (ids, weights) with variable splits.
+The receiver applies the weights and sums its local top-k entries; combine returns the fp32
+partial sums to the source rank, which adds them with ``index_add_``. Ranks with zero rows
+still take part in every all-to-all.
+
+Example, R=2, slots {0,1} on rank 0 and {2,3} on rank 1, token t0 -> slots (0, 2), t1 -> (1, 0):
+    rank 0 sends t0, t1 to itself (ids (0,-1), (1,0)) and t0 to rank 1 (ids (-1, 0)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
+from moerun.comm.base import (
+    ChunkCounts,
+    CombineHandle,
+    CommStrategy,
+    DispatchResult,
+    PreparedDispatch,
+)
+from moerun.env import Env
+
+__all__ = ["AllToAll"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _A2ALayout:
+    """Rows this rank sends, grouped by destination.
+
+    Fields: ``send_rows`` ``[N]`` int64 source row of each sent row; ``send_dest`` ``[N]``
+    destination rank; ``send_counts`` rows per destination (host ints).
+    """
+
+    send_rows: torch.Tensor
+    send_dest: torch.Tensor
+    send_counts: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _A2AMeta:
+    layout: _A2ALayout
+    recv_counts: tuple[int, ...]
+    num_rows: int
+
+
+class AllToAll(CommStrategy):
+    """Variable-split ``all_to_all_single`` dispatch and combine. Host-synchronising."""
+
+    name: ClassVar[str] = "AllToAll"
+    supports_non_divisible_ep: ClassVar[bool] = True
+    capturable: ClassVar[bool] = False
+
+    @classmethod
+    def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        if deployment.world_size < 2:
+            return Eligibility.no(RejectReason.TOPOLOGY, "needs >= 2 ranks (NoComm covers one)")
+        return Eligibility.yes()
+
+    def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts) -> PreparedDispatch:
+        owner = self.partition.owner_of(topk_ids)  # [n, K], -1 for padded/-1 ids
+        ranks = torch.arange(self.world_size, device=topk_ids.device)
+        send_mask = (owner[:, :, None] == ranks[None, None, :]).any(dim=1)  # [n, R]
+        # destination-major order: all rows for rank 0, then rank 1, ...
+        dest, rows = send_mask.t().nonzero(as_tuple=True)  # NOTE: host sync (nonzero)
+        counts = send_mask.sum(dim=0).tolist()  # NOTE: host sync
+        layout = _A2ALayout(send_rows=rows, send_dest=dest, send_counts=tuple(counts))
+        return PreparedDispatch(chunk=chunk, layout=layout)
+
+    def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
+                 async_op: bool = False) -> DispatchResult:
+        layout: _A2ALayout = prepared.layout
+        k = topk_ids.shape[1]
+        device = x.device
+        # 1. exchange row counts (host sync: receive sizes are needed to allocate)
+        send_counts_t = torch.tensor(layout.send_counts, dtype=torch.int64, device=device)
+        recv_counts_t = torch.empty_like(send_counts_t)
+        ones = [1] * self.world_size
+        self.comm.all_to_all_single(recv_counts_t, send_counts_t, ones, ones,
+                                    phase="dispatch").wait()
+        recv_counts = tuple(recv_counts_t.tolist())  # NOTE: host sync
+        num_recv = sum(recv_counts)
+        # 2. rows with ids relative to their destination rank
+        ids = topk_ids[layout.send_rows].to(torch.int64)  # [N, K]
+        owner = self.partition.owner_of(ids)
+        starts = torch.tensor(self.partition.starts[:-1], dtype=torch.int64, device=device)
+        dest = layout.send_dest[:, None]
+        local_ids = torch.where(owner == dest, ids - starts[layout.send_dest][:, None],
+                                torch.full_like(ids, -1)).to(torch.int32)
+        meta = torch.cat([local_ids, topk_weights[layout.send_rows].to(torch.float32)
+                          .view(torch.int32)], dim=1).contiguous()
+        send_x = x[layout.send_rows].contiguous()
+        recv_x = x.new_empty((num_recv, x.shape[1]))
+        recv_meta = meta.new_empty((num_recv, 2 * k))
+        ids_out = torch.empty((num_recv, k), dtype=torch.int32, device=device)
+        w_out = torch.empty((num_recv, k), dtype=torch.float32, device=device)
+
+        def unpack() -> None:
+            ids_out.copy_(recv_meta[:, :k])
+            w_out.copy_(recv_meta[:, k:].view(torch.float32))
+
+        out_splits, in_splits = list(recv_counts), list(layout.send_counts)
+        p_x = self.comm.all_to_all_single(recv_x, send_x, out_splits, in_splits,
+                                          phase="dispatch")
+        p_meta = self.comm.all_to_all_single(recv_meta, meta, out_splits, in_splits,
+                                             phase="dispatch", then=unpack)
+        result = DispatchResult(
+            x=recv_x, topk_ids=ids_out, topk_weights=w_out, counts_per_source=recv_counts,
+            meta=_A2AMeta(layout=layout, recv_counts=recv_counts, num_rows=x.shape[0]),
+            pending=(p_x, p_meta))
+        return result if async_op else result.wait()
+
+    def combine(self, expert_out, dispatch: DispatchResult, *, async_op: bool = False):
+        meta: _A2AMeta = dispatch.meta
+        layout = meta.layout
+        out_dtype = dispatch.x.dtype
+        partial = expert_out.to(torch.float32).contiguous()
+        back = partial.new_empty((layout.send_rows.shape[0], partial.shape[1]))
+        pending = self.comm.all_to_all_single(back, partial, list(layout.send_counts),
+                                              list(meta.recv_counts), phase="combine")
+
+        def finish() -> torch.Tensor:
+            out = back.new_zeros((meta.num_rows, back.shape[1]))
+            out.index_add_(0, layout.send_rows, back)
+            return out.to(out_dtype)
+
+        handle = CombineHandle((pending,), finish)
+        return handle if async_op else handle.wait()

@@ -1,0 +1,172 @@
+"""The communication-strategy interface and the objects handed from dispatch to combine.
+
+Legend: ``n`` this rank's rows in the chunk, ``M`` rows received by this rank, ``H`` hidden,
+``K`` top-k, ``R`` ranks, ``S_local`` slots on this rank.
+
+Strategies hold no per-chunk state: everything combine needs travels in the frozen
+:class:`DispatchResult`, so any number of dispatches may be in flight (chunk overlap, DBO).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from moerun.backends.base import Deployment, Eligibility, Problem
+from moerun.comm.communicator import Communicator, Pending
+from moerun.env import Env
+from moerun.mapping import SlotPartition
+
+__all__ = [
+    "ChunkCounts",
+    "PreparedDispatch",
+    "DispatchResult",
+    "CombineHandle",
+    "CommStrategy",
+    "to_local_slot_ids",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkCounts:
+    """Rows every rank contributes to one chunk (rank-identical).
+
+    Fields: ``counts`` per rank (padded rows included), ``rank`` this rank.
+    """
+
+    counts: tuple[int, ...]
+    rank: int
+
+    @property
+    def local(self) -> int:
+        return self.counts[self.rank]
+
+    @property
+    def max(self) -> int:
+        return max(self.counts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedDispatch:
+    """Output of ``prepare_dispatch``: routing-derived layout, computed before data moves.
+
+    Fields: ``chunk`` the rank-identical counts; ``layout`` strategy-specific (opaque).
+    """
+
+    chunk: ChunkCounts
+    layout: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchResult:
+    """What a rank received for one chunk.
+
+    Fields (valid after ``wait()``):
+        x: ``[M, H]`` received rows (x.dtype).
+        topk_ids: ``[M, K]`` int32 local slot ids in ``[0, S_local)``, ``-1`` elsewhere.
+        topk_weights: ``[M, K]`` fp32.
+        counts_per_source: rows received from each rank (host ints).
+        meta: opaque combine metadata (strategy-specific).
+    """
+
+    x: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    counts_per_source: tuple[int, ...]
+    meta: Any = None
+    pending: tuple[Pending, ...] = field(default=(), repr=False)
+
+    def wait(self) -> "DispatchResult":
+        """Wait for the collectives that fill this result (no-op when complete)."""
+        for p in self.pending:
+            p.wait()
+        return self
+
+
+class CombineHandle:
+    """An in-flight combine. ``wait()`` returns the ``[n, H]`` output (x.dtype)."""
+
+    __slots__ = ("_pending", "_finish", "_out")
+
+    def __init__(self, pending: tuple[Pending, ...], finish: Callable[[], torch.Tensor]) -> None:
+        self._pending = pending
+        self._finish: Callable[[], torch.Tensor] | None = finish
+        self._out: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        if self._finish is not None:
+            for p in self._pending:
+                p.wait()
+            self._out = self._finish()
+            self._finish = None
+        assert self._out is not None
+        return self._out
+
+
+def to_local_slot_ids(slot_ids: torch.Tensor, start: int, num_local: int) -> torch.Tensor:
+    """Map global slot ids to ``[0, num_local)``; other ranks' slots and ``-1`` become ``-1``.
+
+    ``slot_ids`` any int dtype; returns int32, same shape. Device-only, graph-safe.
+    """
+    local = slot_ids.to(torch.int32) - start
+    keep = (slot_ids >= 0) & (local >= 0) & (local < num_local)
+    return torch.where(keep, local, torch.full_like(local, -1))
+
+
+class CommStrategy(abc.ABC):
+    """Moves tokens between ranks. Built once per layer; holds no per-chunk state.
+
+    Declarations (data): ``name``; ``supports_non_divisible_ep``; ``capturable`` (no host
+    sync in dispatch/combine with fixed counts).
+    """
+
+    name: ClassVar[str]
+    supports_non_divisible_ep: ClassVar[bool] = False
+    capturable: ClassVar[bool] = False
+
+    def __init__(self, comm: Communicator, partition: SlotPartition) -> None:
+        self.comm = comm
+        self.partition = partition
+        self.rank = comm.mapping.rank
+        self.world_size = comm.mapping.world_size
+        self.slot_start, self.slot_end = partition.local_range(self.rank)
+
+    @property
+    def num_local_slots(self) -> int:
+        return self.slot_end - self.slot_start
+
+    @classmethod
+    @abc.abstractmethod
+    def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        """Static limits (library, hidden size, dtype, top-k, group size). Pure."""
+
+    def is_workload_feasible(self, all_rank_num_tokens: tuple[int, ...], num_chunks: int) -> bool:
+        """Per-forward limits. Must be a pure function of rank-identical inputs."""
+        return True
+
+    def supports_post_quant_dispatch(self) -> bool:
+        """Whether quantization may happen before dispatch (no quantizing backend yet)."""
+        return False
+
+    def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts) -> PreparedDispatch:
+        """Routing-derived layout for one chunk. ``topk_ids``: ``[n, K]`` global slot ids."""
+        return PreparedDispatch(chunk=chunk)
+
+    @abc.abstractmethod
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+                 prepared: PreparedDispatch, async_op: bool = False) -> DispatchResult:
+        """Send this rank's ``[n, H]`` rows (ids ``[n, K]`` global slots, weights fp32) to the
+        ranks holding their slots. Collective (except NoComm). With ``async_op`` the result's
+        tensors are valid only after ``wait()``."""
+
+    @abc.abstractmethod
+    def combine(self, expert_out: torch.Tensor, dispatch: DispatchResult, *,
+                async_op: bool = False) -> torch.Tensor | CombineHandle:
+        """Return each source rank's partial sums and add them: ``[n, H]`` in x.dtype
+        (fp32 accumulation for bf16/fp16). Collective (except NoComm)."""
+
+    def destroy(self) -> None:
+        """Release resources (none for the torch.distributed strategies)."""

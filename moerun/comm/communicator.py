@@ -1,0 +1,218 @@
+"""Budgeted collectives for one layer (DESIGN 9).
+
+Every collective is issued with ``async_op=True`` and returned as a :class:`Pending`; its
+``wait()`` enforces the layer's budget. On gloo the wait is ``work.wait(timeout=budget)``; a
+timeout or a lost peer becomes :class:`moerun.CommTimeoutError` and poisons the layer (a gloo
+group is unusable after a timeout). On NCCL the process group's own watchdog detects hangs and
+``wait()`` only orders the current stream after the collective, unless ``debug_sync`` asks for a
+host-blocking, budgeted wait (not capturable).
+
+With a c10d ``Store`` in the Mapping, each rank writes ``moerun/L{l}/s{step}/c{seq}/r{rank}``
+before issuing, so a timed-out rank can list the peers that never arrived. Costs two store
+round trips per collective; off without a store.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from moerun.errors import CommTimeoutError
+from moerun.mapping import Mapping
+
+__all__ = ["Communicator", "Pending"]
+
+
+class Pending:
+    """An issued collective. ``wait()`` blocks (within budget) or orders the current stream.
+
+    Calling ``wait()`` twice is a no-op the second time. ``then`` runs once after completion
+    (e.g. an unpack or a local sum) and its result is returned by ``wait()``.
+    """
+
+    __slots__ = ("_comm", "_works", "_phase", "_seq", "_then", "_done", "_result")
+
+    def __init__(self, comm: "Communicator", works: list[Any], phase: str, seq: int,
+                 then: Callable[[], Any] | None = None) -> None:
+        self._comm = comm
+        self._works = works
+        self._phase = phase
+        self._seq = seq
+        self._then = then
+        self._done = False
+        self._result: Any = None
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    def wait(self) -> Any:
+        if not self._done:
+            for work in self._works:
+                self._comm._wait_work(work, self._phase, self._seq)
+            self._comm._arrived(self._seq)
+            self._done = True
+            self._result = self._then() if self._then is not None else None
+            self._then = None
+        return self._result
+
+
+@dataclass
+class _ForwardCursor:
+    step: int = -1
+    seq: int = 0
+
+
+class Communicator:
+    """Issues this layer's collectives over ``mapping.group`` with timeouts and poisoning.
+
+    Owned by one ``ConfigurableMoE``; strategies receive it and call its methods. Not
+    thread-safe (all collectives come from the forward thread, DESIGN 8).
+    """
+
+    def __init__(self, mapping: Mapping, *, layer_idx: int | None) -> None:
+        self.mapping = mapping
+        self.layer_idx = layer_idx
+        self.poisoned = False
+        self._cursor = _ForwardCursor()
+        self._is_gloo = mapping.backend_name == "gloo"
+
+    # -- forward bookkeeping -------------------------------------------------------------
+    def begin_forward(self, step: int) -> None:
+        """Called by the scheduler once per forward with the layer's forward counter."""
+        self._cursor = _ForwardCursor(step=step, seq=0)
+
+    @property
+    def step(self) -> int:
+        return self._cursor.step
+
+    def budget_s(self) -> float:
+        m = self.mapping
+        return m.warmup_timeout_s if self._cursor.step < m.warmup_forwards else m.timeout_s
+
+    # -- collectives (all async; the returned Pending enforces the budget) ---------------------
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str,
+                               then: Callable[[], Any] | None = None) -> Pending:
+        """``out[r*n:(r+1)*n] = inp`` of rank r. Collective; async."""
+        import torch.distributed as dist
+
+        return self._issue(
+            phase, lambda: dist.all_gather_into_tensor(out, inp, group=self.mapping.group,
+                                                       async_op=True), then)
+
+    def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor,
+                          out_splits: list[int], in_splits: list[int], *, phase: str,
+                          then: Callable[[], Any] | None = None) -> Pending:
+        """Variable-split all-to-all along dim 0 (zero-row splits still participate)."""
+        import torch.distributed as dist
+
+        return self._issue(
+            phase, lambda: dist.all_to_all_single(
+                out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits,
+                group=self.mapping.group, async_op=True), then)
+
+    def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str,
+                              then: Callable[[], Any] | None = None) -> Pending:
+        """``out = sum_r inp_r[rank*n:(rank+1)*n]``. Collective; async."""
+        import torch.distributed as dist
+
+        return self._issue(
+            phase, lambda: dist.reduce_scatter_tensor(out, inp, group=self.mapping.group,
+                                                      async_op=True), then)
+
+    def all_reduce(self, t: torch.Tensor, *, phase: str, op: Any = None,
+                   then: Callable[[], Any] | None = None) -> Pending:
+        """In-place all-reduce (sum by default). Collective; async."""
+        import torch.distributed as dist
+
+        op = dist.ReduceOp.SUM if op is None else op
+        return self._issue(
+            phase, lambda: dist.all_reduce(t, op=op, group=self.mapping.group, async_op=True),
+            then)
+
+    def all_gather_object_ints(self, values: list[int], *, phase: str) -> list[list[int]]:
+        """All-gather a short int list from every rank. Collective; host sync."""
+        inp = torch.tensor(values, dtype=torch.int64, device=self._device())
+        out = torch.empty(self.mapping.world_size * len(values), dtype=torch.int64,
+                          device=inp.device)
+        self.all_gather_into_tensor(out, inp, phase=phase).wait()
+        flat = out.tolist()  # NOTE: device->host sync
+        n = len(values)
+        return [flat[r * n:(r + 1) * n] for r in range(self.mapping.world_size)]
+
+    # -- internals -----------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        if self.mapping.backend_name == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _key(self, seq: int, rank: int) -> str:
+        layer = "-" if self.layer_idx is None else self.layer_idx
+        return f"moerun/L{layer}/s{self._cursor.step}/c{seq}/r{rank}"
+
+    def _issue(self, phase: str, launch: Callable[[], Any],
+               then: Callable[[], Any] | None) -> Pending:
+        if self.poisoned:
+            raise CommTimeoutError(layer=self.layer_idx, step=self._cursor.step, phase=phase,
+                                   rank=self.mapping.rank, missing_ranks=None,
+                                   detail="layer already poisoned")
+        seq = self._cursor.seq
+        self._cursor.seq += 1
+        store = self.mapping.store
+        if store is not None:
+            try:
+                store.set(self._key(seq, self.mapping.rank), phase)
+            except Exception as exc:  # the store's host is gone: a peer was lost
+                self._fail(phase, seq, f"store unreachable: {exc}")
+        try:
+            work = launch()
+        except Exception as exc:  # gloo raises at issue when a peer already closed
+            self._fail(phase, seq, f"{type(exc).__name__}: {exc}")
+        return Pending(self, [work], phase, seq, then)
+
+    def _wait_work(self, work: Any, phase: str, seq: int) -> None:
+        budget = self.budget_s()
+        try:
+            if self._is_gloo:
+                work.wait(timeout=datetime.timedelta(seconds=budget))
+            elif self.mapping.debug_sync:
+                deadline = time.monotonic() + budget
+                while not work.is_completed():  # NOTE: host-blocking poll (debug_sync only)
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"no completion within {budget:.1f}s")
+                    time.sleep(1e-4)
+                work.wait()
+            else:
+                work.wait()  # NCCL: orders the current stream; the watchdog owns timeouts
+        except CommTimeoutError:
+            raise
+        except Exception as exc:
+            self._fail(phase, seq, f"{type(exc).__name__}: {str(exc)[:200]}")
+
+    def _arrived(self, seq: int) -> None:
+        store = self.mapping.store
+        if store is not None:
+            try:
+                store.delete_key(self._key(seq, self.mapping.rank))
+            except Exception:
+                pass  # cleanup only; a lost store shows up at the next collective
+
+    def _missing_ranks(self, seq: int) -> list[int] | None:
+        store = self.mapping.store
+        if store is None:
+            return None
+        try:
+            return [r for r in range(self.mapping.world_size)
+                    if not store.check([self._key(seq, r)])]
+        except Exception:
+            return None  # the store itself is gone (its host rank exited): unknown
+
+    def _fail(self, phase: str, seq: int, detail: str) -> None:
+        self.poisoned = True
+        raise CommTimeoutError(layer=self.layer_idx, step=self._cursor.step, phase=phase,
+                               rank=self.mapping.rank, missing_ranks=self._missing_ranks(seq),
+                               detail=detail)

@@ -1,0 +1,38 @@
+"""``NoComm``: the single-rank strategy. Dispatch and combine move nothing."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
+from moerun.comm.base import CombineHandle, CommStrategy, DispatchResult, PreparedDispatch
+from moerun.env import Env
+
+__all__ = ["NoComm"]
+
+
+class NoComm(CommStrategy):
+    """One rank: global slot ids are local slot ids. Capturable, no host sync."""
+
+    name: ClassVar[str] = "NoComm"
+    supports_non_divisible_ep: ClassVar[bool] = True
+    capturable: ClassVar[bool] = True
+
+    @classmethod
+    def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        if deployment.world_size != 1:
+            return Eligibility.no(RejectReason.TOPOLOGY,
+                                  f"NoComm needs one rank, group has {deployment.world_size}")
+        return Eligibility.yes()
+
+    def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
+                 async_op: bool = False) -> DispatchResult:
+        return DispatchResult(x=x, topk_ids=topk_ids.to(torch.int32), topk_weights=topk_weights,
+                              counts_per_source=(x.shape[0],))
+
+    def combine(self, expert_out, dispatch, *, async_op: bool = False):
+        if async_op:
+            return CombineHandle((), lambda: expert_out)
+        return expert_out

@@ -1,0 +1,208 @@
+"""Frozen, keyword-only configuration of one MoE layer.
+
+Legend used across moerun: ``T`` tokens, ``H`` hidden size, ``I`` expert intermediate size,
+``E`` logical experts, ``S`` physical slots, ``K`` top-k.
+
+``MoEConfig`` is the single description of the math a layer computes; the deployment
+(ranks, process group) lives in :class:`moerun.mapping.Mapping`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping as TMapping
+
+import torch
+
+__all__ = [
+    "RoutingMethod",
+    "RoutingConfig",
+    "Activation",
+    "MoEConfig",
+    "SUPPORTED_DTYPES",
+]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class RoutingMethod(str, enum.Enum):
+    """How router logits become ``(topk_weights, topk_ids)``; see :mod:`moerun.routing`."""
+
+    SOFTMAX_TOPK = "softmax_topk"  # softmax over E, top-k; renormalize optional (Qwen2/3-MoE)
+    TOPK_SOFTMAX = "topk_softmax"  # top-k logits, softmax over the k (Mixtral)
+    GROUP_LIMITED_GREEDY = "group_limited_greedy"  # DeepSeek-V2
+    NOAUX_TC = "noaux_tc"  # DeepSeek-V3: sigmoid, correction bias for selection only
+    LLAMA4 = "llama4"  # top-1 logit, sigmoid weight, applied on the input
+    SIGMOID_TOPK = "sigmoid_topk"  # sigmoid, top-k, renormalize optional
+    SIGMOID_BIAS_TOPK = "sigmoid_bias_topk"  # MiniMax-M2: sigmoid + bias selects, weights unbiased
+
+
+class Activation(str, enum.Enum):
+    """Expert activation. Only ``silu(gate) * up`` is in scope (DESIGN 13)."""
+
+    SILU_GLU = "silu_glu"
+
+
+def _err(name: str, value: Any, fix: str) -> ValueError:
+    return ValueError(f"MoEConfig.{name}={value!r} is invalid: {fix}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingConfig:
+    """Parameters of the routing method.
+
+    Fields:
+        method: the :class:`RoutingMethod`.
+        renormalize: divide the selected weights by their sum (``norm_topk_prob`` in HF
+            DeepSeek/Qwen configs). Ignored by ``TOPK_SOFTMAX`` (always normalized) and ``LLAMA4``.
+        num_expert_group: expert groups for ``GROUP_LIMITED_GREEDY``/``NOAUX_TC`` (1 = no grouping).
+        topk_group: groups kept per token by the grouped methods.
+        routed_scaling_factor: multiplies the final weights (fp32).
+        uses_correction_bias: the layer owns an ``[E]`` fp32 selection bias
+            (``NOAUX_TC``, ``SIGMOID_BIAS_TOPK``).
+    """
+
+    method: RoutingMethod = RoutingMethod.SOFTMAX_TOPK
+    renormalize: bool = True
+    num_expert_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", RoutingMethod(self.method))
+        if self.num_expert_group < 1:
+            raise ValueError(
+                f"RoutingConfig.num_expert_group={self.num_expert_group} must be >= 1"
+            )
+        if not 1 <= self.topk_group <= self.num_expert_group:
+            raise ValueError(
+                f"RoutingConfig.topk_group={self.topk_group} must be in "
+                f"[1, num_expert_group={self.num_expert_group}]"
+            )
+        if not (self.routed_scaling_factor > 0):
+            raise ValueError(
+                f"RoutingConfig.routed_scaling_factor={self.routed_scaling_factor} must be > 0"
+            )
+
+    @property
+    def uses_correction_bias(self) -> bool:
+        return self.method in (RoutingMethod.NOAUX_TC, RoutingMethod.SIGMOID_BIAS_TOPK)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """The function one MoE layer computes.
+
+    Fields:
+        num_experts: ``E`` logical experts.
+        top_k: ``K`` experts per token (``1 <= K <= E``).
+        hidden_size: ``H``.
+        intermediate_size: ``I`` per expert.
+        routing: :class:`RoutingConfig`.
+        apply_router_weight_on_input: scale ``x`` by the routing weight before the experts and
+            use unit weights after (Llama4); requires ``top_k == 1``.
+        dtype: activation/weight dtype (fp32, fp16, bf16).
+        activation: only :attr:`Activation.SILU_GLU`.
+        shared_intermediate_size: total intermediate size of the shared expert(s); 0 = none.
+        shared_expert_gate: the shared expert output is scaled by ``sigmoid(x @ g)`` (Qwen2-MoE).
+        max_num_tokens: rows per chunk (DESIGN 2); ``None`` = one chunk.
+        check_inputs: validate inputs (agreed across ranks, DESIGN 9). Default on.
+    """
+
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    intermediate_size: int
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    apply_router_weight_on_input: bool = False
+    dtype: torch.dtype = torch.float32
+    activation: Activation = Activation.SILU_GLU
+    shared_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    max_num_tokens: int | None = None
+    check_inputs: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise _err(name, v, "must be a positive int")
+        if self.top_k > self.num_experts:
+            raise _err(
+                "top_k", self.top_k, f"top_k must be <= num_experts={self.num_experts}"
+            )
+        if not isinstance(self.routing, RoutingConfig):
+            raise TypeError(
+                f"MoEConfig.routing must be a RoutingConfig, got {type(self.routing).__name__}"
+            )
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise _err("dtype", self.dtype, "use torch.float32, torch.float16 or torch.bfloat16")
+        try:
+            object.__setattr__(self, "activation", Activation(self.activation))
+        except ValueError:
+            raise _err(
+                "activation",
+                self.activation,
+                "only 'silu_glu' (silu(gate) * up) is supported; clamped/biased SwiGLU "
+                "variants and other activations are out of scope",
+            ) from None
+        if self.shared_intermediate_size < 0:
+            raise _err("shared_intermediate_size", self.shared_intermediate_size, "must be >= 0")
+        if self.shared_expert_gate and self.shared_intermediate_size == 0:
+            raise _err(
+                "shared_expert_gate", True, "a shared-expert gate needs shared_intermediate_size > 0"
+            )
+        if self.max_num_tokens is not None and self.max_num_tokens < 1:
+            raise _err("max_num_tokens", self.max_num_tokens, "must be >= 1 or None")
+        if self.apply_router_weight_on_input and self.top_k != 1:
+            raise _err(
+                "apply_router_weight_on_input",
+                True,
+                f"only defined for top_k == 1 (got top_k={self.top_k})",
+            )
+        r = self.routing
+        if r.num_expert_group > 1 and self.num_experts % r.num_expert_group:
+            raise _err(
+                "routing.num_expert_group",
+                r.num_expert_group,
+                f"must divide num_experts={self.num_experts}",
+            )
+        if r.method in (RoutingMethod.GROUP_LIMITED_GREEDY, RoutingMethod.NOAUX_TC):
+            per_group = self.num_experts // r.num_expert_group
+            if self.top_k > r.topk_group * per_group:
+                raise _err(
+                    "top_k",
+                    self.top_k,
+                    f"grouped routing keeps topk_group*experts_per_group="
+                    f"{r.topk_group * per_group} candidates; top_k cannot exceed that",
+                )
+            if r.method == RoutingMethod.NOAUX_TC and r.num_expert_group > 1 and per_group < 2:
+                raise _err(
+                    "routing.num_expert_group",
+                    r.num_expert_group,
+                    "noaux_tc scores a group by its top-2 experts: each group needs >= 2 experts",
+                )
+        if r.method == RoutingMethod.LLAMA4 and self.top_k != 1:
+            raise _err("top_k", self.top_k, "llama4 routing is top-1")
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_intermediate_size > 0
+
+    def replace(self, **changes: Any) -> "MoEConfig":
+        """Return a copy with ``changes`` applied (validated again)."""
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
+        kwargs.update(changes)
+        return MoEConfig(**kwargs)
+
+    @classmethod
+    def from_hf_config(
+        cls, hf: TMapping[str, Any], *, dtype: torch.dtype | None = None, **overrides: Any
+    ) -> "MoEConfig":
+        """Build from a Hugging Face ``config.json`` dict (see :mod:`moerun._hf_config`)."""
+        from moerun._hf_config import moe_config_kwargs
+
+        kwargs = moe_config_kwargs(hf, dtype=dtype)
+        kwargs.update(overrides)
+        return cls(**kwargs)

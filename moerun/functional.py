@@ -1,0 +1,88 @@
+"""``moerun.fused_experts``: the single-rank functional entry (DESIGN 3)."""
+
+from __future__ import annotations
+
+import torch
+
+from moerun.backends import Backend, backend_candidates, backend_class
+from moerun.backends.base import Deployment, Problem
+from moerun.config import SUPPORTED_DTYPES, Activation
+from moerun.env import get_env
+
+__all__ = ["fused_experts"]
+
+
+def _check(x, w13, w2, topk_weights, topk_ids) -> None:
+    for name, t in (("x", x), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights),
+                    ("topk_ids", topk_ids)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, H], got shape {tuple(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES + (torch.float64,):
+        raise ValueError(f"x.dtype={x.dtype} is unsupported; use float32, float16 or bfloat16")
+    t, h = x.shape
+    if w13.dim() != 3 or w13.shape[2] != h or w13.shape[1] % 2:
+        raise ValueError(f"w13 must be [E, 2*I, H={h}], got shape {tuple(w13.shape)}")
+    e, inter = w13.shape[0], w13.shape[1] // 2
+    if tuple(w2.shape) != (e, h, inter):
+        raise ValueError(f"w2 must be [E={e}, H={h}, I={inter}], got shape {tuple(w2.shape)}")
+    if w13.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ValueError(f"w13.dtype={w13.dtype} and w2.dtype={w2.dtype} must equal "
+                         f"x.dtype={x.dtype}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != t:
+        raise ValueError(f"topk_ids must be [T={t}, K], got shape {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights shape {tuple(topk_weights.shape)} must equal topk_ids "
+                         f"shape {tuple(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids.dtype={topk_ids.dtype} must be int32 or int64")
+    if not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights.dtype={topk_weights.dtype} must be floating point")
+    if topk_ids.shape[1] > e:
+        raise ValueError(f"top_k={topk_ids.shape[1]} exceeds num_experts={e}")
+    devs = {t_.device for t_ in (x, w13, w2, topk_weights, topk_ids)}
+    if len(devs) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    if topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())  # NOTE: device->host sync
+        if lo < -1 or hi >= e:
+            raise ValueError(f"topk_ids must be in [-1, {e}) (-1 = skip), got range "
+                             f"[{lo}, {hi}]")
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                  backend: str | Backend = "auto", check_inputs: bool = True) -> torch.Tensor:
+    """``out[t] = sum_j w[t, j] * (silu(x W_gate^T) * (x W_up^T)) W_2^T`` over ``topk_ids``.
+
+    Args:
+        x: ``[T, H]``. w13: ``[E, 2*I, H]`` (gate rows then up rows). w2: ``[E, H, I]``.
+        topk_weights: ``[T, K]`` (float, used as fp32). topk_ids: ``[T, K]`` int32/int64 in
+            ``[0, E)`` or ``-1`` (skipped).
+        backend: ``"auto"``, ``"reference"``, ``"triton"``, ``"grouped_mm"`` or a Backend.
+        check_inputs: validate (includes an id range check: a host sync).
+
+    Returns ``[T, H]`` in x.dtype. Single rank; no collective.
+    """
+    if check_inputs:
+        _check(x, w13, w2, topk_weights, topk_ids)
+    if isinstance(backend, Backend):
+        impl = backend
+    else:
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a name or a Backend instance, got "
+                            f"{type(backend).__name__}")
+        if backend == "auto":
+            problem = Problem(num_experts=w13.shape[0], num_slots=w13.shape[0],
+                              top_k=topk_ids.shape[1], hidden_size=x.shape[1],
+                              intermediate_size=w13.shape[1] // 2, dtype=x.dtype,
+                              activation=Activation.SILU_GLU, device_type=x.device.type)
+            dep = Deployment(rank=0, world_size=1, comm_backend="none",
+                             num_local_slots=w13.shape[0], divisible=True)
+            env = get_env()
+            impl = next(c for c in backend_candidates()
+                        if c.can_implement(problem, dep, env).ok)()
+        else:
+            impl = backend_class(backend)()
+    return impl.run_experts(x, w13, w2, topk_weights.to(torch.float32), topk_ids.to(torch.int32))

@@ -1,0 +1,248 @@
+"""``ConfigurableMoE``: the thin wrapper a serving engine embeds, one per MoE layer (DESIGN 3).
+
+It owns state (config, mapping, weights, routing parameters, backend, communication
+strategy, shared expert, balancer handle, communicator, recorder, counters, report) and
+hands the whole forward to a stateless scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from eplb import NullLayerBalancer
+from moerun.backends import Backend
+from moerun.backends.base import Deployment, Problem
+from moerun.comm import CommStrategy, Communicator
+from moerun.config import MoEConfig
+from moerun.env import get_env
+from moerun.errors import LayerClosedError
+from moerun.mapping import Mapping, slot_partition
+from moerun.resolve import ResolutionReport, resolve
+from moerun.routing import Routed, route
+from moerun.shared_expert import SharedExpert
+from schedulers import ExternalCommScheduler
+
+__all__ = ["ConfigurableMoE"]
+
+log = logging.getLogger("moerun")
+
+
+class ConfigurableMoE(nn.Module):
+    """One MoE layer: routing, expert compute, communication, shared expert, balancer hooks.
+
+    Args:
+        config: :class:`MoEConfig` (the math).
+        mapping: :class:`Mapping` (ranks and group); default: one rank.
+        backend: ``"auto"``, ``"reference"``, ``"triton"``, ``"grouped_mm"`` or a Backend.
+        comm: ``"auto"``, ``"none"``, ``"allgather"``, ``"alltoall"`` or a CommStrategy class.
+        shared_expert_order: ``"auto"`` or ``"sequential"`` (the only order implemented).
+        balancer: a per-layer balancer handle (``eplb.LayerBalancerHooks``); default: none.
+        layer_idx: for NVTX names (``L{layer_idx}``), timeouts and EPLB.
+        repeat_count: forwards of this layer per model step (EPLB hook gating).
+        device: where weights live (default: CUDA if available, else CPU).
+        recorder: optional ``traces.ScheduleRecorder`` fed with every phase.
+
+    Weights are allocated for this rank's slots and must be filled with :meth:`load_weights`
+    before the first forward.
+    """
+
+    def __init__(self, config: MoEConfig, mapping: Mapping | None = None, *,
+                 backend: str | Backend = "auto", comm: str | type[CommStrategy] = "auto",
+                 shared_expert_order: str = "auto", balancer: Any = None,
+                 layer_idx: int | None = None, repeat_count: int = 1,
+                 device: torch.device | str | None = None, recorder: Any = None) -> None:
+        super().__init__()
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
+        mapping = Mapping() if mapping is None else mapping
+        if not isinstance(mapping, Mapping):
+            raise TypeError(f"mapping must be a moerun.Mapping, got {type(mapping).__name__}")
+        if repeat_count < 1:
+            raise ValueError(f"repeat_count={repeat_count} must be >= 1")
+        if (config.max_num_tokens is not None and mapping.world_size > 1
+                and config.max_num_tokens < mapping.dp_size):
+            raise ValueError(f"MoEConfig.max_num_tokens={config.max_num_tokens} must be >= "
+                             f"dp_size={mapping.dp_size} (one row per rank per chunk at least)")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) \
+                if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device(device)
+        self.config = config
+        self.mapping = mapping
+        self.layer_idx = layer_idx
+        self.repeat_count = repeat_count
+        self.repeat_idx = 0
+        self.step = 0
+        self.recorder = recorder
+        self.balancer = NullLayerBalancer(config.num_experts) if balancer is None else balancer
+        num_slots = self.balancer.num_slots
+        self.partition = slot_partition(num_slots, mapping.ep_size)
+        self.slot_start, self.slot_end = self.partition.local_range(mapping.rank)
+        problem = Problem(
+            num_experts=config.num_experts, num_slots=num_slots, top_k=config.top_k,
+            hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+            dtype=config.dtype, activation=config.activation, device_type=self.device.type,
+            shared_intermediate_size=config.shared_intermediate_size)
+        deployment = Deployment(rank=mapping.rank, world_size=mapping.world_size,
+                                comm_backend=mapping.backend_name,
+                                num_local_slots=self.slot_end - self.slot_start,
+                                divisible=self.partition.divisible)
+        backend_choice = type(backend) if isinstance(backend, Backend) else backend
+        chunk_rows = config.max_num_tokens or 1
+        self.report: ResolutionReport = resolve(
+            problem, deployment, get_env(), backend=backend_choice, comm=comm,
+            shared_expert_order=shared_expert_order, max_chunk_rows=chunk_rows)
+        if not self.partition.divisible and not self.report.strategy_cls.supports_non_divisible_ep:
+            raise ValueError(f"comm strategy {self.report.strategy} does not support "
+                             f"num_slots={num_slots} % ep_size={mapping.ep_size} != 0")
+        self.backend: Backend = backend if isinstance(backend, Backend) \
+            else self.report.backend_cls()
+        self.communicator = Communicator(mapping, layer_idx=layer_idx)
+        self.strategy: CommStrategy = self.report.strategy_cls(self.communicator, self.partition)
+        self.scheduler = ExternalCommScheduler()
+        s_local = self.slot_end - self.slot_start
+        h, i = config.hidden_size, config.intermediate_size
+        kw = dict(dtype=config.dtype, device=self.device)
+        self.w13 = nn.Parameter(torch.empty(s_local, 2 * i, h, **kw), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(s_local, h, i, **kw), requires_grad=False)
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.zeros(config.num_experts, dtype=torch.float32,
+                                     device=self.device), requires_grad=False)
+            if config.routing.uses_correction_bias else None)
+        self.shared_expert = (SharedExpert(h, config.shared_intermediate_size,
+                                           gated=config.shared_expert_gate, dtype=config.dtype,
+                                           device=self.device)
+                              if config.has_shared_expert else None)
+        self._loaded = False
+        self._closed = False
+
+    # -- forward -------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor, *,
+                all_rank_num_tokens: Sequence[int] | None = None, use_dp_padding: bool = False,
+                input_ready_event: Any = None) -> torch.Tensor:
+        """``x [T, H]``, ``router_logits [T, E]`` (fp32 or x.dtype) -> ``[T, H]`` (x.dtype).
+
+        Steps (run by ``self.scheduler``, DESIGN 4.1):
+          1. counts: ``all_rank_num_tokens`` (all-gathered once if None and dp > 1), agreed
+             input validation (``check_inputs``), every entry = max with ``use_dp_padding``;
+          2. zero-token fix: if a rank has 0 tokens, DP padding for all ranks (logits padded
+             before routing, padded rows get id -1; x padded after routing);
+          3. chunking by ``max_num_tokens``, rank-identical chunk count;
+          4. communication method: fall back to AllGatherReduceScatter if infeasible;
+          5. per chunk: [eplb.start_wait_gpu] route [eplb.done_wait_gpu]
+             eplb.update_statistic eplb.route dispatch experts [eplb.start_set_cpu] combine
+             [eplb.done_set_cpu]; ``input_ready_event`` waited just before x is first read;
+          6. (chunk overlap on an aux stream: not implemented yet; chunks run in order);
+          7. strip padding, add the shared expert, return.
+
+        Side effects: collectives over ``mapping.group`` (dp > 1), host syncs for
+        validation/count gathering and AllToAll splits; advances ``repeat_idx`` and ``step``.
+        """
+        out = self.scheduler.forward(self, x, router_logits,
+                                     all_rank_num_tokens=all_rank_num_tokens,
+                                     use_dp_padding=use_dp_padding,
+                                     input_ready_event=input_ready_event)
+        self.repeat_idx = (self.repeat_idx + 1) % self.repeat_count
+        self.step += 1
+        return out
+
+    # -- pieces the scheduler reads ----------------------------------------------------------
+    def route(self, router_logits: torch.Tensor) -> Routed:
+        """Routing of ``[n, E]`` logits -> ``Routed(topk_weights [n,K] fp32, topk_ids [n,K])``."""
+        return route(router_logits, top_k=self.config.top_k, config=self.config.routing,
+                     correction_bias=self.e_score_correction_bias)
+
+    def check_usable(self) -> None:
+        """Raise :class:`LayerClosedError` if closed, poisoned or weights not loaded."""
+        if self._closed:
+            raise LayerClosedError("this ConfigurableMoE was closed; build a new layer")
+        if self.communicator.poisoned:
+            raise LayerClosedError("this ConfigurableMoE is poisoned by an earlier "
+                                   "CommTimeoutError; close it and build a new layer on a new "
+                                   "process group")
+        if not self._loaded:
+            raise LayerClosedError("weights are not loaded: call load_weights(w13, w2) first")
+
+    def replace_strategy(self, strategy_cls: type[CommStrategy], note: str) -> CommStrategy:
+        """The one mutator schedulers may call: replace an infeasible strategy permanently.
+
+        Destroys the old strategy, logs once, records ``note`` in ``self.report``.
+        """
+        self.strategy.destroy()
+        self.strategy = strategy_cls(self.communicator, self.partition)
+        self.report = self.report.with_fallback(strategy_cls, note)
+        log.warning("moerun layer %s: %s", self.layer_idx, note)
+        return self.strategy
+
+    # -- weights -------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, w13: torch.Tensor, w2: torch.Tensor, shared: dict | None = None, *,
+                     e_score_correction_bias: torch.Tensor | None = None) -> None:
+        """Copy this rank's slots from the **global logical** weights.
+
+        Args:
+            w13: ``[E, 2*I, H]`` gate rows then up rows. w2: ``[E, H, I]``.
+            shared: ``{"w13": [2*Is, H], "w2": [H, Is], "gate": [1, H] (if gated)}``.
+            e_score_correction_bias: ``[E]`` selection bias (noaux_tc / sigmoid_bias_topk).
+
+        Copies in place (tensor identities never change). No collective.
+        """
+        cfg = self.config
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+        if tuple(w13.shape) != (e, 2 * i, h):
+            raise ValueError(f"w13 has shape {tuple(w13.shape)}; expected [E={e}, 2*I={2 * i}, "
+                             f"H={h}] (gate rows, then up rows)")
+        if tuple(w2.shape) != (e, h, i):
+            raise ValueError(f"w2 has shape {tuple(w2.shape)}; expected [E={e}, H={h}, I={i}]")
+        experts = torch.tensor(self.balancer.local_experts(self.slot_start, self.slot_end),
+                               dtype=torch.long, device=w13.device)
+        self.w13.copy_(w13.index_select(0, experts))
+        self.w2.copy_(w2.index_select(0, experts))
+        if self.shared_expert is not None:
+            if shared is None:
+                raise ValueError("shared is required: config.shared_intermediate_size="
+                                 f"{cfg.shared_intermediate_size} > 0")
+            self.shared_expert.load(shared["w13"], shared["w2"], shared.get("gate"))
+        elif shared is not None:
+            raise ValueError("shared given but config.shared_intermediate_size == 0")
+        if self.e_score_correction_bias is not None:
+            if e_score_correction_bias is None:
+                raise ValueError(f"e_score_correction_bias [E={e}] is required by routing "
+                                 f"method {cfg.routing.method.value}")
+            if tuple(e_score_correction_bias.shape) != (e,):
+                raise ValueError(f"e_score_correction_bias has shape "
+                                 f"{tuple(e_score_correction_bias.shape)}; expected [{e}]")
+            self.e_score_correction_bias.copy_(e_score_correction_bias)
+        elif e_score_correction_bias is not None:
+            raise ValueError(f"e_score_correction_bias given but routing method "
+                             f"{cfg.routing.method.value} does not use one")
+        self._loaded = True
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the strategy. Idempotent; issues no collective (so never hangs, poisoned or
+        not): the caller owns the process group and destroys it."""
+        if self._closed:
+            return
+        self._closed = True
+        self.strategy.destroy()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "ConfigurableMoE":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"E={c.num_experts}, k={c.top_k}, H={c.hidden_size}, I={c.intermediate_size}, "
+                f"slots=[{self.slot_start}, {self.slot_end}), backend={self.report.backend}, "
+                f"comm={self.report.strategy}")

@@ -1,0 +1,154 @@
+"""Deployment topology: one process group with ``dp_size == ep_size == group size`` (DESIGN 2).
+
+Also the slot partition: physical slot ``s`` lives on the rank whose contiguous range holds
+it; with ``S % ep_size != 0`` the first ``S % ep_size`` ranks hold one slot more (ceil/floor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Mapping", "SlotPartition", "slot_partition"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mapping:
+    """Where this layer runs.
+
+    Fields:
+        rank: this process's rank in ``group`` (0 for a single rank).
+        world_size: group size; ``dp_size`` and ``ep_size`` must equal it.
+        group: a ``torch.distributed`` ProcessGroup passed in by the caller (None on one rank).
+            moerun never reads global process-group state.
+        store: optional c10d ``Store``; each rank writes (layer, step, phase) before each
+            collective so a timeout names the ranks that never arrived.
+        dp_size / ep_size: default to ``world_size``; anything else is a ValueError (tensor-
+            parallel-sharded experts are out of scope).
+        timeout_s: budget for one collective after warm-up (gloo; NCCL uses its own watchdog
+            unless ``debug_sync``).
+        warmup_timeout_s: budget for the first ``warmup_forwards`` forwards of a layer.
+        debug_sync: on NCCL, block the host on each collective with moerun's budget
+            (not capturable).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    group: Any = None
+    store: Any = None
+    dp_size: int | None = None
+    ep_size: int | None = None
+    timeout_s: float = 30.0
+    warmup_timeout_s: float = 120.0
+    warmup_forwards: int = 2
+    debug_sync: bool = False
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"Mapping.world_size={self.world_size} must be >= 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"Mapping.rank={self.rank} must be in [0, world_size={self.world_size})"
+            )
+        dp = self.world_size if self.dp_size is None else self.dp_size
+        ep = self.world_size if self.ep_size is None else self.ep_size
+        if dp != self.world_size or ep != self.world_size:
+            raise ValueError(
+                f"Mapping(dp_size={self.dp_size}, ep_size={self.ep_size}, "
+                f"world_size={self.world_size}) is unsupported: moerun runs attention data "
+                "parallel + expert parallel over one group, so dp_size == ep_size == "
+                "world_size (tensor-parallel-sharded experts are out of scope)"
+            )
+        object.__setattr__(self, "dp_size", dp)
+        object.__setattr__(self, "ep_size", ep)
+        if self.world_size > 1 and self.group is None:
+            raise ValueError(
+                f"Mapping.group is None with world_size={self.world_size}: pass the "
+                "torch.distributed process group moerun should communicate over"
+            )
+        if not (self.timeout_s > 0 and self.warmup_timeout_s > 0):
+            raise ValueError(
+                f"Mapping.timeout_s={self.timeout_s} and warmup_timeout_s="
+                f"{self.warmup_timeout_s} must be > 0"
+            )
+        if self.warmup_forwards < 0:
+            raise ValueError(f"Mapping.warmup_forwards={self.warmup_forwards} must be >= 0")
+
+    @classmethod
+    def from_group(cls, group: Any, *, store: Any = None, **kwargs: Any) -> "Mapping":
+        """Mapping over ``group`` (rank and size read from the group object itself)."""
+        import torch.distributed as dist
+
+        return cls(
+            rank=dist.get_rank(group),
+            world_size=dist.get_world_size(group),
+            group=group,
+            store=store,
+            **kwargs,
+        )
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def backend_name(self) -> str:
+        """``"gloo"``, ``"nccl"``, ... or ``"none"`` on one rank."""
+        if self.group is None:
+            return "none"
+        import torch.distributed as dist
+
+        return str(dist.get_backend(self.group)).lower()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotPartition:
+    """Contiguous slot ranges per rank.
+
+    Fields:
+        num_slots: ``S``.
+        ep_size: ranks.
+        starts: ``[ep_size + 1]`` boundaries; rank r holds ``[starts[r], starts[r+1])``.
+    """
+
+    num_slots: int
+    ep_size: int
+    starts: tuple[int, ...]
+
+    @property
+    def divisible(self) -> bool:
+        return self.num_slots % self.ep_size == 0
+
+    def local_range(self, rank: int) -> tuple[int, int]:
+        return self.starts[rank], self.starts[rank + 1]
+
+    def num_local(self, rank: int) -> int:
+        return self.starts[rank + 1] - self.starts[rank]
+
+    def owner_of(self, slots: torch.Tensor) -> torch.Tensor:
+        """Rank owning each slot id (same shape, int64). ``-1`` ids map to ``-1``.
+
+        Device-only (searchsorted), no host sync, graph-safe.
+        """
+        bounds = torch.tensor(self.starts[1:-1], device=slots.device, dtype=torch.int64)
+        owner = torch.searchsorted(bounds, slots.to(torch.int64), right=True)
+        return torch.where(slots < 0, torch.full_like(owner, -1), owner)
+
+
+def slot_partition(num_slots: int, ep_size: int) -> SlotPartition:
+    """Split ``num_slots`` over ``ep_size`` ranks, ceil sizes first.
+
+    Raises ValueError when ``num_slots < ep_size`` (a rank would hold no expert).
+    """
+    if num_slots < ep_size:
+        raise ValueError(
+            f"num_experts (slots)={num_slots} < ep_size={ep_size}: every rank needs at least "
+            "one expert slot; use fewer ranks or more experts"
+        )
+    q, r = divmod(num_slots, ep_size)
+    starts = [0]
+    for i in range(ep_size):
+        starts.append(starts[-1] + q + (1 if i < r else 0))
+    return SlotPartition(num_slots=num_slots, ep_size=ep_size, starts=tuple(starts))

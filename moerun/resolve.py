@@ -1,0 +1,160 @@
+"""Pick the backend, communication strategy, scheduler and shared-expert order (DESIGN 6).
+
+``resolve`` asks candidates in priority order; every candidate not chosen appears in the
+report with a closed-enum reason. Degrading is allowed, silently is not: the report is stored
+on ``layer.report`` and printed by ``moerun run``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from moerun.backends import Backend, backend_candidates, backend_class
+from moerun.backends.base import Deployment, Problem, RejectReason, SchedulerKind
+from moerun.comm import CommStrategy, strategy_candidates, strategy_class
+from moerun.env import Env
+from moerun.shared_expert import SharedExpertOrder
+
+__all__ = ["Rejection", "ResolutionReport", "resolve"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rejection:
+    """A candidate that was not chosen: ``kind`` ("backend"/"comm"/"shared"), ``name``,
+    ``reason`` (closed enum), ``detail``."""
+
+    kind: str
+    name: str
+    reason: RejectReason
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolutionReport:
+    """What a layer runs with and why.
+
+    Fields:
+        backend: chosen backend name. backend_cls: its class.
+        strategy: chosen communication strategy name. strategy_cls: its class.
+        scheduler: scheduler class name.
+        shared_expert_order: :class:`SharedExpertOrder` value, or None without a shared expert.
+        workspace_bytes_per_chunk: peak temporary bytes of one chunk (backend estimate).
+        rejected: every candidate not chosen, with reason.
+        fallbacks: runtime replacements (e.g. an infeasible strategy replaced permanently).
+        env: one-line description of the probed environment.
+    """
+
+    backend: str
+    backend_cls: type[Backend]
+    strategy: str
+    strategy_cls: type[CommStrategy]
+    scheduler: str
+    shared_expert_order: str | None
+    workspace_bytes_per_chunk: int
+    rejected: tuple[Rejection, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    env: str = ""
+
+    def with_fallback(self, strategy_cls: type[CommStrategy], note: str) -> "ResolutionReport":
+        """A copy recording a permanent strategy replacement."""
+        return dataclasses.replace(self, strategy=strategy_cls.name, strategy_cls=strategy_cls,
+                                   fallbacks=self.fallbacks + (note,))
+
+    def __str__(self) -> str:
+        lines = [
+            "moerun resolution report",
+            f"  backend:             {self.backend}",
+            f"  communication:       {self.strategy}",
+            f"  scheduler:           {self.scheduler}",
+            f"  shared expert order: {self.shared_expert_order or 'none (no shared expert)'}",
+            f"  workspace per chunk: {self.workspace_bytes_per_chunk / 2**20:.2f} MiB",
+            f"  environment:         {self.env}",
+        ]
+        if self.rejected:
+            lines.append("  not chosen:")
+            lines += [f"    {r.kind} {r.name}: {r.reason.value} ({r.detail})"
+                      for r in self.rejected]
+        if self.fallbacks:
+            lines.append("  fallbacks:")
+            lines += [f"    {f}" for f in self.fallbacks]
+        return "\n".join(lines)
+
+
+def _pick(kind: str, requested: Any, candidates: list[type], by_name, problem: Problem,
+          deployment: Deployment, env: Env, rejected: list[Rejection]) -> type:
+    if requested != "auto":
+        cls = by_name(requested) if isinstance(requested, str) else requested
+        elig = cls.can_implement(problem, deployment, env)
+        if not elig.ok:
+            raise ValueError(f"{kind}={requested!r} cannot run here: {elig.reason.value}: "
+                             f"{elig.detail}")
+        for other in candidates:
+            if other is not cls:
+                rejected.append(Rejection(kind=kind, name=other.name,
+                                          reason=RejectReason.NOT_REQUESTED,
+                                          detail=f"{kind}={requested!r} was requested"))
+        return cls
+    chosen = None
+    for cls in candidates:
+        elig = cls.can_implement(problem, deployment, env)
+        if not elig.ok:
+            rejected.append(Rejection(kind=kind, name=cls.name, reason=elig.reason,
+                                      detail=elig.detail))
+        elif chosen is None:
+            chosen = cls
+        else:
+            rejected.append(Rejection(kind=kind, name=cls.name,
+                                      reason=RejectReason.LOWER_PRIORITY,
+                                      detail=f"{chosen.name} ranks first"))
+    if chosen is None:
+        raise ValueError(f"no {kind} can run this layer: "
+                         + "; ".join(f"{r.name}: {r.detail}" for r in rejected if r.kind == kind))
+    return chosen
+
+
+def resolve(problem: Problem, deployment: Deployment, env: Env, *,
+            backend: str | type[Backend] = "auto", comm: str | type[CommStrategy] = "auto",
+            shared_expert_order: str = "auto", max_chunk_rows: int = 1) -> ResolutionReport:
+    """Choose candidates for one layer. Pure: reads only its arguments.
+
+    Args:
+        problem / deployment / env: see :mod:`moerun.backends.base` and :mod:`moerun.env`.
+        backend: ``"auto"``, a name from ``moerun.backends.BACKEND_NAMES`` or a Backend class.
+        comm: ``"auto"``, ``"none"``, ``"allgather"``, ``"alltoall"`` or a strategy class.
+        shared_expert_order: ``"auto"`` or a :class:`SharedExpertOrder` value.
+        max_chunk_rows: rows of the largest chunk, for the workspace estimate.
+
+    Raises ValueError when a requested candidate cannot run, naming the reason.
+    """
+    rejected: list[Rejection] = []
+    backend_cls = _pick("backend", backend, backend_candidates(), backend_class, problem,
+                        deployment, env, rejected)
+    if not deployment.divisible and not backend_cls.supports_non_divisible_ep:
+        raise ValueError(f"backend {backend_cls.name} does not support num_slots % ep_size != 0")
+    strategy_cls = _pick("comm", comm, strategy_candidates(), strategy_class, problem,
+                         deployment, env, rejected)
+    if backend_cls.scheduler_kind != SchedulerKind.EXTERNAL_COMM:  # pragma: no cover
+        raise ValueError(f"backend {backend_cls.name} needs a {backend_cls.scheduler_kind} "
+                         "scheduler, which does not exist yet")
+    order = None
+    if problem.shared_intermediate_size:
+        if shared_expert_order not in ("auto", SharedExpertOrder.SEQUENTIAL,
+                                       SharedExpertOrder.SEQUENTIAL.value):
+            raise ValueError(
+                f"shared_expert_order={shared_expert_order!r} is not implemented yet; only "
+                "'sequential' runs today (aux-stream, during-combine and fused orders are a "
+                "later issue)")
+        order = SharedExpertOrder.SEQUENTIAL.value
+        for o in SharedExpertOrder:
+            if o is not SharedExpertOrder.SEQUENTIAL:
+                rejected.append(Rejection(kind="shared", name=o.value,
+                                          reason=RejectReason.UNIMPLEMENTED,
+                                          detail="overlapped orders are a later issue"))
+    return ResolutionReport(
+        backend=backend_cls.name, backend_cls=backend_cls, strategy=strategy_cls.name,
+        strategy_cls=strategy_cls, scheduler="ExternalCommScheduler",
+        shared_expert_order=order,
+        workspace_bytes_per_chunk=backend_cls().workspace_bytes(problem, max_chunk_rows),
+        rejected=tuple(rejected), env=env.describe())

@@ -1,0 +1,75 @@
+"""The shared expert: a dense ``silu(gate) * up`` MLP every token visits (DESIGN 4.3).
+
+Legend: ``T`` tokens, ``H`` hidden, ``Is`` shared intermediate size.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["SharedExpertOrder", "SharedExpert"]
+
+
+class SharedExpertOrder(str, enum.Enum):
+    """Where the shared MLP runs relative to the routed experts. All give the same result.
+
+    Only ``SEQUENTIAL`` is implemented today; the overlapped orders arrive with the multi-stream
+    scheduler work and ``resolve`` rejects them until then.
+    """
+
+    SEQUENTIAL = "sequential"
+    AUX_STREAM = "aux_stream"
+    DURING_COMBINE = "during_combine"
+    FUSED = "fused"
+
+
+class SharedExpert(nn.Module):
+    """``y = (silu(x Wg^T) * (x Wu^T)) W2^T``, times ``sigmoid(x g^T)`` when gated.
+
+    Parameters: ``w13 [2*Is, H]`` (gate rows then up rows), ``w2 [H, Is]``, optional
+    ``gate [1, H]``. Computes in x.dtype; no host sync; graph-safe.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, gated: bool,
+                 dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        kw = dict(dtype=dtype, device=device)
+        self.w13 = nn.Parameter(torch.empty(2 * intermediate_size, hidden_size, **kw),
+                                requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(hidden_size, intermediate_size, **kw),
+                               requires_grad=False)
+        self.gate = (nn.Parameter(torch.empty(1, hidden_size, **kw), requires_grad=False)
+                     if gated else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, H]`` -> ``[T, H]``."""
+        gate_up = x @ self.w13.t()
+        i = self.intermediate_size
+        y = (F.silu(gate_up[:, :i]) * gate_up[:, i:]) @ self.w2.t()
+        if self.gate is not None:
+            y = y * torch.sigmoid(x @ self.gate.t())
+        return y
+
+    @torch.no_grad()
+    def load(self, w13: torch.Tensor, w2: torch.Tensor, gate: torch.Tensor | None) -> None:
+        """Copy weights in place (shapes checked; ``gate`` required iff gated)."""
+        if tuple(w13.shape) != tuple(self.w13.shape):
+            raise ValueError(f"shared['w13'] has shape {tuple(w13.shape)}, expected "
+                             f"{tuple(self.w13.shape)} = [2*shared_intermediate_size, H]")
+        if tuple(w2.shape) != tuple(self.w2.shape):
+            raise ValueError(f"shared['w2'] has shape {tuple(w2.shape)}, expected "
+                             f"{tuple(self.w2.shape)} = [H, shared_intermediate_size]")
+        self.w13.copy_(w13)
+        self.w2.copy_(w2)
+        if self.gate is not None:
+            if gate is None:
+                raise ValueError("shared['gate'] is missing: config.shared_expert_gate=True "
+                                 "needs a [1, H] gate weight")
+            self.gate.copy_(gate.reshape(1, -1))
+        elif gate is not None:
+            raise ValueError("shared['gate'] given but config.shared_expert_gate=False")
