@@ -1,85 +1,11 @@
-"""Seeded global inputs and the unsharded reference for layer tests.
+"""Test-side names for the seeded inputs and the unsharded reference (see moerun.testing)."""
 
-Every rank (and the single-process reference) draws the same global tensors from ``seed``,
-then takes its own rows; the reference runs :func:`moerun.backends.reference_moe` in fp64 on
-the whole batch.
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
-
-from moerun import MoEConfig
-from moerun.backends import reference_moe
-from moerun.routing import route
-
-# DESIGN 2 bounds on ||out - ref|| / ||ref||, ref in fp64.
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-TOL_MULTIRANK_BF16 = 2e-2
-
-
-@dataclass
-class GlobalCase:
-    x: torch.Tensor  # [T_total, H] cfg.dtype
-    logits: torch.Tensor  # [T_total, E] fp32
-    w13: torch.Tensor  # [E, 2I, H]
-    w2: torch.Tensor  # [E, H, I]
-    shared: dict | None
-    bias: torch.Tensor | None
-
-
-def make_case(cfg: MoEConfig, total_tokens: int, seed: int) -> GlobalCase:
-    g = torch.Generator().manual_seed(seed)
-    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(cfg.dtype)
-
-    x = rnd(total_tokens, h)
-    logits = torch.randn(total_tokens, e, generator=g)
-    w13 = rnd(e, 2 * i, h, scale=h ** -0.5)
-    w2 = rnd(e, h, i, scale=i ** -0.5)
-    shared = None
-    if cfg.has_shared_expert:
-        si = cfg.shared_intermediate_size
-        shared = {"w13": rnd(2 * si, h, scale=h ** -0.5), "w2": rnd(h, si, scale=si ** -0.5)}
-        if cfg.shared_expert_gate:
-            shared["gate"] = rnd(1, h, scale=h ** -0.5)
-    bias = torch.randn(e, generator=g) * 0.1 if cfg.routing.uses_correction_bias else None
-    return GlobalCase(x=x, logits=logits, w13=w13, w2=w2, shared=shared, bias=bias)
-
-
-def shared_reference(x: torch.Tensor, shared: dict) -> torch.Tensor:
-    """fp64 shared MLP (independent formula)."""
-    xd = x.double()
-    si = shared["w2"].shape[1]
-    gu = xd @ shared["w13"].double().t()
-    y = (F.silu(gu[:, :si]) * gu[:, si:]) @ shared["w2"].double().t()
-    if "gate" in shared:
-        y = y * torch.sigmoid(xd @ shared["gate"].double().t())
-    return y
-
-
-def reference_output(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
-    """Unsharded fp64 reference for the whole global batch: ``[T_total, H]`` fp64."""
-    routed = route(case.logits, top_k=cfg.top_k, config=cfg.routing, correction_bias=case.bias)
-    x = case.x.double()
-    weights = routed.topk_weights
-    if cfg.apply_router_weight_on_input:
-        x = x * weights.double()
-        weights = torch.ones_like(weights)
-    out = reference_moe(x, case.w13.double(), case.w2.double(), weights, routed.topk_ids)
-    if case.shared is not None:
-        out = out + shared_reference(case.x, case.shared)
-    return out
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref||_2 / ||ref||_2`` in fp64; 0.0 for matching empty shapes."""
-    assert tuple(out.shape) == tuple(ref.shape), (tuple(out.shape), tuple(ref.shape))
-    if ref.numel() == 0:
-        return 0.0
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
+from moerun.testing import (  # noqa: F401
+    TOL,
+    TOL_MULTIRANK_BF16,
+    GlobalCase,
+    make_case,
+    reference_output,
+    rel_err,
+    shared_reference,
+)

@@ -1,0 +1,225 @@
+"""The ``moerun`` command line: ``run`` (check a layer end to end) and ``bench --overhead``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from typing import Any, Sequence
+
+__all__ = ["main", "build_parser"]
+
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _tokens(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tokens {text!r}: expected an int or a comma-"
+                                         "separated list of ints, one per rank") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"--tokens {text!r}: counts must be >= 0")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moerun", description="moerun: a scheduler-centric MoE runtime for PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run", help="run one MoE layer forward and check it against ReferenceExperts",
+        description="Build a small DeepSeek-like MoE layer (grouped noaux_tc routing with a "
+                    "correction bias, a shared expert), run one forward on --ranks processes "
+                    "and check every rank's output against a single-process fp64 reference "
+                    "of the same global batch. Prints the resolution report, each rank's "
+                    "relative error and the time per phase (rank 0, from a torch.profiler "
+                    "trace of the NVTX ranges). Exits 1 if an error exceeds the DESIGN bound.")
+    run.add_argument("--dtype", choices=_DTYPES, default="float32",
+                     help="activation/weight dtype (default float32; TF32 is turned off)")
+    run.add_argument("--tokens", type=_tokens, default=None,
+                     help="tokens per rank: one int (every rank) or a comma list with one entry "
+                          "per rank (default: 37 on one rank; with --ranks N a demo list that "
+                          "includes a zero-token rank)")
+    run.add_argument("--experts", type=int, default=24, help="routed experts E (default 24)")
+    run.add_argument("--top-k", type=int, default=6, help="experts per token (default 6)")
+    run.add_argument("--hidden", type=int, default=64, help="hidden size H (default 64)")
+    run.add_argument("--intermediate", type=int, default=96,
+                     help="expert intermediate size I (default 96)")
+    run.add_argument("--shared-intermediate", type=int, default=96,
+                     help="shared-expert intermediate size; 0 = no shared expert (default 96)")
+    run.add_argument("--groups", type=int, default=4,
+                     help="expert groups for noaux_tc routing (default 4; must divide E)")
+    run.add_argument("--topk-groups", type=int, default=2,
+                     help="groups kept per token (default 2)")
+    run.add_argument("--max-num-tokens", type=int, default=None,
+                     help="rows per chunk (DP: gathered across ranks); default: one chunk")
+    run.add_argument("--ranks", type=int, default=1,
+                     help="processes to spawn (gloo on CPU, NCCL when that many GPUs exist)")
+    run.add_argument("--comm", choices=("auto", "allgather", "alltoall"), default="auto",
+                     help="communication strategy (default auto)")
+    run.add_argument("--backend", default="auto",
+                     help="expert backend: auto, reference, triton, grouped_mm (default auto)")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="device (default: cuda if available, else cpu)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the global inputs")
+    bench = sub.add_parser("bench", help="benchmarks",
+                           description="Benchmarks. Today: --overhead (host cost of one NVTX "
+                                       "range without a profiler). The expert-compute matrix "
+                                       "arrives with the fast backends.")
+    bench.add_argument("--overhead", action="store_true",
+                       help="measure the cost of one moerun range (enter+exit) in ns")
+    bench.add_argument("--n", type=int, default=200_000, help="ranges timed (default 200000)")
+    return parser
+
+
+# -- run ------------------------------------------------------------------------------------
+def _demo_tokens(ranks: int) -> list[int]:
+    if ranks == 1:
+        return [37]
+    demo = [0, 7, 33, 12, 1, 20, 5, 9]
+    return [demo[r % len(demo)] for r in range(ranks)]
+
+
+def _config(args: argparse.Namespace):
+    import torch
+
+    from moerun.config import MoEConfig, RoutingConfig, RoutingMethod
+
+    return MoEConfig(
+        num_experts=args.experts, top_k=args.top_k, hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        routing=RoutingConfig(method=RoutingMethod.NOAUX_TC, renormalize=True,
+                              num_expert_group=args.groups, topk_group=args.topk_groups,
+                              routed_scaling_factor=2.5),
+        dtype=getattr(torch, args.dtype), shared_intermediate_size=args.shared_intermediate,
+        max_num_tokens=args.max_num_tokens)
+
+
+def _phase_times(prof: Any) -> dict[str, float]:
+    """Sum of CPU time (µs) per phase over ``moerun/L.../{phase}`` ranges of a profile."""
+    totals: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        name = ev.name
+        if not name.startswith("moerun/"):
+            continue
+        phase = name.split("/", 2)[2]
+        if phase.startswith("chunk") or phase.startswith("dbo"):
+            continue
+        totals[phase] += ev.cpu_time_total
+    return dict(totals)
+
+
+def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argparse.Namespace,
+              counts: list[int], device: str) -> dict:
+    import time
+
+    import torch
+
+    from moerun.layer import ConfigurableMoE
+    from moerun.mapping import Mapping
+    from moerun.testing import make_case, reference_output, rel_err
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = _config(args)
+    mapping = (Mapping(rank=rank, world_size=world_size, group=group, store=store)
+               if world_size > 1 else Mapping())
+    case = make_case(cfg, sum(counts), args.seed)
+    lo = sum(counts[:rank])
+    hi = lo + counts[rank]
+    dev = torch.device(device)
+    with ConfigurableMoE(cfg, mapping, backend=args.backend, comm=args.comm, layer_idx=0,
+                         device=dev) as layer:
+        layer.load_weights(case.w13.to(dev), case.w2.to(dev),
+                           None if case.shared is None else
+                           {k: v.to(dev) for k, v in case.shared.items()},
+                           e_score_correction_bias=case.bias.to(dev))
+        x, logits = case.x[lo:hi].to(dev), case.logits[lo:hi].to(dev)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            out = layer(x, logits, all_rank_num_tokens=counts if world_size > 1 else None)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()  # NOTE: host sync for the wall time
+            wall_us = (time.perf_counter() - t0) * 1e6
+        ref = reference_output(cfg, case)[lo:hi]
+        return {"rank": rank, "tokens": counts[rank], "err": rel_err(out.cpu(), ref),
+                "report": str(layer.report), "phases": _phase_times(prof), "wall_us": wall_us}
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from moerun.testing import TOL, TOL_MULTIRANK_BF16
+
+    if args.ranks < 1:
+        print("moerun run: --ranks must be >= 1", file=sys.stderr)
+        return 2
+    counts = args.tokens if args.tokens is not None else _demo_tokens(args.ranks)
+    if len(counts) == 1 and args.ranks > 1:
+        counts = counts * args.ranks
+    if len(counts) != args.ranks:
+        print(f"moerun run: --tokens has {len(counts)} entries but --ranks={args.ranks}",
+              file=sys.stderr)
+        return 2
+    try:
+        _config(args)
+    except (ValueError, TypeError) as exc:
+        print(f"moerun run: {exc}", file=sys.stderr)
+        return 2
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.ranks == 1:
+        results = [_run_rank(0, 1, None, None, args=args, counts=counts, device=device)]
+    else:
+        from moerun.launch import launch
+
+        use_nccl = device == "cuda" and torch.cuda.device_count() >= args.ranks
+        if device == "cuda" and not use_nccl:
+            device = "cpu"
+        results = launch(_run_rank, args.ranks, use_nccl=use_nccl, args=args, counts=counts,
+                         device="cuda" if use_nccl else device)
+    dtype = getattr(torch, args.dtype)
+    bound = TOL_MULTIRANK_BF16 if (dtype == torch.bfloat16 and args.ranks > 1) else TOL[dtype]
+    print(results[0]["report"])
+    print(f"tokens per rank: {counts}  dtype: {args.dtype}  device: {device}")
+    worst = 0.0
+    for res in results:
+        prefix = f"rank {res['rank']}: " if args.ranks > 1 else ""
+        print(f"{prefix}relative error: {res['err']:.3e}  (tokens {res['tokens']}, "
+              f"bound {bound:g})")
+        worst = max(worst, res["err"])
+    print(f"time per phase (rank 0, CPU time of the NVTX ranges, µs; wall "
+          f"{results[0]['wall_us']:.0f} µs incl. profiler):")
+    for phase, us in sorted(results[0]["phases"].items(), key=lambda kv: -kv[1]):
+        print(f"  {phase:<24}{us:10.1f}")
+    if worst >= bound:
+        print(f"FAILED: relative error {worst:.3e} >= {bound:g}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if not args.overhead:
+        print("moerun bench: pass --overhead (the expert-compute benchmark matrix is not "
+              "implemented yet)", file=sys.stderr)
+        return 2
+    from traces import measure_range_overhead
+
+    res = measure_range_overhead(n=args.n)
+    print(f"range overhead without profiler: {res['noop_ns']:.0f} ns per range "
+          f"(backend {res['backend']}: {res['backend_ns']:.0f} ns; with recorder "
+          f"{res['recorder_ns']:.0f} ns; empty loop {res['loop_ns']:.0f} ns; n={res['n']})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return _cmd_run(args)
+    return _cmd_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
