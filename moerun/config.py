@@ -85,14 +85,16 @@ class MoEConfig:
                 "only 'silu_glu' (silu(gate) * up) is supported; clamped/biased SwiGLU "
                 "variants and other activations are out of scope",
             ) from None
-        if self.shared_intermediate_size < 0:
-            raise _err("shared_intermediate_size", self.shared_intermediate_size, "must be >= 0")
+        v = self.shared_intermediate_size
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _err("shared_intermediate_size", v, "must be an int >= 0")
         if self.shared_expert_gate and self.shared_intermediate_size == 0:
             raise _err(
                 "shared_expert_gate", True, "a shared-expert gate needs shared_intermediate_size > 0"
             )
-        if self.max_num_tokens is not None and self.max_num_tokens < 1:
-            raise _err("max_num_tokens", self.max_num_tokens, "must be >= 1 or None")
+        v = self.max_num_tokens
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise _err("max_num_tokens", v, "must be an int >= 1 or None")
         if self.apply_router_weight_on_input and self.top_k != 1:
             raise _err(
                 "apply_router_weight_on_input",

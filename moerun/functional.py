@@ -69,9 +69,11 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         _check(x, w13, w2, topk_weights, topk_ids)
     if isinstance(backend, Backend):
         impl = backend
+    elif isinstance(backend, type) and issubclass(backend, Backend):
+        impl = backend()
     else:
         if not isinstance(backend, str):
-            raise TypeError(f"backend must be a name or a Backend instance, got "
+            raise TypeError(f"backend must be a name, a Backend instance or class, got "
                             f"{type(backend).__name__}")
         if backend == "auto":
             problem = Problem(num_experts=w13.shape[0], num_slots=w13.shape[0],

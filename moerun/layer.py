@@ -25,6 +25,7 @@ from moerun.resolve import ResolutionReport, resolve
 from moerun.routing import Routed, route
 from moerun.shared_expert import SharedExpert
 from schedulers import ExternalCommScheduler
+from traces import Tracer
 
 __all__ = ["ConfigurableMoE"]
 
@@ -61,8 +62,10 @@ class ConfigurableMoE(nn.Module):
         mapping = Mapping() if mapping is None else mapping
         if not isinstance(mapping, Mapping):
             raise TypeError(f"mapping must be a moerun.Mapping, got {type(mapping).__name__}")
-        if repeat_count < 1:
-            raise ValueError(f"repeat_count={repeat_count} must be >= 1")
+        if isinstance(repeat_count, bool) or not isinstance(repeat_count, int) \
+                or repeat_count < 1:
+            raise ValueError(f"repeat_count={repeat_count!r} must be an int >= 1")
+        Tracer(layer_idx=layer_idx, rank=mapping.rank, recorder=recorder)  # validates both
         if (config.max_num_tokens is not None and mapping.world_size > 1
                 and config.max_num_tokens < mapping.dp_size):
             raise ValueError(f"MoEConfig.max_num_tokens={config.max_num_tokens} must be >= "
@@ -119,6 +122,9 @@ class ConfigurableMoE(nn.Module):
                               if config.has_shared_expert else None)
         self._loaded = False
         self._closed = False
+        bind = getattr(self.balancer, "bind", None)
+        if bind is not None:  # a real balancer migrates this layer's weights in place
+            bind(self)
 
     # -- forward -------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor, *,
@@ -198,15 +204,11 @@ class ConfigurableMoE(nn.Module):
                              f"H={h}] (gate rows, then up rows)")
         if tuple(w2.shape) != (e, h, i):
             raise ValueError(f"w2 has shape {tuple(w2.shape)}; expected [E={e}, H={h}, I={i}]")
-        experts = torch.tensor(self.balancer.local_experts(self.slot_start, self.slot_end),
-                               dtype=torch.long, device=w13.device)
-        self.w13.copy_(w13.index_select(0, experts))
-        self.w2.copy_(w2.index_select(0, experts))
         if self.shared_expert is not None:
             if shared is None:
                 raise ValueError("shared is required: config.shared_intermediate_size="
                                  f"{cfg.shared_intermediate_size} > 0")
-            self.shared_expert.load(shared["w13"], shared["w2"], shared.get("gate"))
+            self.shared_expert.check(shared["w13"], shared["w2"], shared.get("gate"))
         elif shared is not None:
             raise ValueError("shared given but config.shared_intermediate_size == 0")
         if self.e_score_correction_bias is not None:
@@ -216,10 +218,18 @@ class ConfigurableMoE(nn.Module):
             if tuple(e_score_correction_bias.shape) != (e,):
                 raise ValueError(f"e_score_correction_bias has shape "
                                  f"{tuple(e_score_correction_bias.shape)}; expected [{e}]")
-            self.e_score_correction_bias.copy_(e_score_correction_bias)
         elif e_score_correction_bias is not None:
             raise ValueError(f"e_score_correction_bias given but routing method "
                              f"{cfg.routing.method.value} does not use one")
+        # every check passed: copy (a failed call leaves the previous weights untouched)
+        experts = torch.tensor(self.balancer.local_experts(self.slot_start, self.slot_end),
+                               dtype=torch.long, device=w13.device)
+        self.w13.copy_(w13.index_select(0, experts))
+        self.w2.copy_(w2.index_select(0, experts))
+        if self.shared_expert is not None:
+            self.shared_expert.load(shared["w13"], shared["w2"], shared.get("gate"))
+        if self.e_score_correction_bias is not None:
+            self.e_score_correction_bias.copy_(e_score_correction_bias)
         self._loaded = True
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -55,21 +55,27 @@ class SharedExpert(nn.Module):
             y = y * torch.sigmoid(x @ self.gate.t())
         return y
 
-    @torch.no_grad()
-    def load(self, w13: torch.Tensor, w2: torch.Tensor, gate: torch.Tensor | None) -> None:
-        """Copy weights in place (shapes checked; ``gate`` required iff gated)."""
+    def check(self, w13: torch.Tensor, w2: torch.Tensor, gate: torch.Tensor | None) -> None:
+        """Raise ValueError unless :meth:`load` would accept these weights. No side effects."""
         if tuple(w13.shape) != tuple(self.w13.shape):
             raise ValueError(f"shared['w13'] has shape {tuple(w13.shape)}, expected "
                              f"{tuple(self.w13.shape)} = [2*shared_intermediate_size, H]")
         if tuple(w2.shape) != tuple(self.w2.shape):
             raise ValueError(f"shared['w2'] has shape {tuple(w2.shape)}, expected "
                              f"{tuple(self.w2.shape)} = [H, shared_intermediate_size]")
+        if self.gate is not None and gate is None:
+            raise ValueError("shared['gate'] is missing: config.shared_expert_gate=True "
+                             "needs a [1, H] gate weight")
+        if self.gate is None and gate is not None:
+            raise ValueError("shared['gate'] given but config.shared_expert_gate=False")
+        if gate is not None and gate.numel() != self.gate.numel():
+            raise ValueError(f"shared['gate'] has {gate.numel()} elements; expected [1, H]")
+
+    @torch.no_grad()
+    def load(self, w13: torch.Tensor, w2: torch.Tensor, gate: torch.Tensor | None) -> None:
+        """Copy weights in place (checked first with :meth:`check`; ``gate`` iff gated)."""
+        self.check(w13, w2, gate)
         self.w13.copy_(w13)
         self.w2.copy_(w2)
         if self.gate is not None:
-            if gate is None:
-                raise ValueError("shared['gate'] is missing: config.shared_expert_gate=True "
-                                 "needs a [1, H] gate weight")
             self.gate.copy_(gate.reshape(1, -1))
-        elif gate is not None:
-            raise ValueError("shared['gate'] given but config.shared_expert_gate=False")
