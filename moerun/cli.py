@@ -1,4 +1,8 @@
-"""The ``moerun`` command line: ``run`` (check a layer end to end) and ``bench --overhead``."""
+"""The ``moerun`` command line.
+
+``run`` checks a layer end to end; ``bench`` times expert compute (or ``--overhead``, the NVTX
+range cost); ``tune`` fills the Triton config files; ``eplb-sim`` simulates the load balancer.
+"""
 
 from __future__ import annotations
 
@@ -63,13 +67,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="device (default: cuda if available, else cpu)")
     run.add_argument("--seed", type=int, default=0, help="seed of the global inputs")
-    bench = sub.add_parser("bench", help="benchmarks",
-                           description="Benchmarks. Today: --overhead (host cost of one NVTX "
-                                       "range without a profiler). The expert-compute matrix "
-                                       "arrives with the fast backends.")
+    bench = sub.add_parser(
+        "bench", help="benchmarks: the expert-compute matrix, or --overhead",
+        description="Time every expert backend on the benchmark matrix against the roofline "
+                    "floor (ceilings measured in the same run) and the peer figures; or, with "
+                    "--overhead, the host cost of one NVTX range without a profiler.")
     bench.add_argument("--overhead", action="store_true",
                        help="measure the cost of one moerun range (enter+exit) in ns")
-    bench.add_argument("--n", type=int, default=200_000, help="ranges timed (default 200000)")
+    bench.add_argument("--n", type=int, default=200_000,
+                       help="ranges timed with --overhead (default 200000)")
+    from moerun.bench.command import add_arguments
+
+    add_arguments(bench)
+    sub.add_parser("tune", add_help=False, help="tune the Triton expert kernels (GPU)",
+                   description="Search Triton configs per (E, N, K, T bucket) and merge them "
+                               "into the package's JSON files. `moerun tune --help` lists flags.")
+    sub.add_parser("eplb-sim", add_help=False, help="simulate the EPLB policy on loads",
+                   description="max/mean rank load before and after rebalancing, vs DeepSeek's "
+                               "algorithm; `moerun eplb-sim --help` lists flags.")
     return parser
 
 
@@ -202,9 +217,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     if not args.overhead:
-        print("moerun bench: pass --overhead (the expert-compute benchmark matrix is not "
-              "implemented yet)", file=sys.stderr)
-        return 2
+        from moerun.bench.command import run
+
+        return run(args)
     from traces import measure_range_overhead
 
     res = measure_range_overhead(n=args.n)
@@ -215,6 +230,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "tune":  # its own parser (flags documented by `moerun tune --help`)
+        from moerun.backends.triton.tune import main as tune_main
+
+        return tune_main(argv[1:])
+    if argv and argv[0] == "eplb-sim":
+        from eplb.sim import main as sim_main
+
+        return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return _cmd_run(args)

@@ -69,22 +69,29 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         _check(x, w13, w2, topk_weights, topk_ids)
     if isinstance(backend, Backend):
         impl = backend
-    elif isinstance(backend, type) and issubclass(backend, Backend):
-        impl = backend()
     else:
-        if not isinstance(backend, str):
+        if isinstance(backend, str):
+            choice = backend
+        elif isinstance(backend, type) and issubclass(backend, Backend):
+            choice = backend
+        else:
             raise TypeError(f"backend must be a name, a Backend instance or class, got "
                             f"{type(backend).__name__}")
-        if backend == "auto":
-            problem = Problem(num_experts=w13.shape[0], num_slots=w13.shape[0],
-                              top_k=topk_ids.shape[1], hidden_size=x.shape[1],
-                              intermediate_size=w13.shape[1] // 2, dtype=x.dtype,
-                              activation=Activation.SILU_GLU, device_type=x.device.type)
-            dep = Deployment(rank=0, world_size=1, comm_backend="none",
-                             num_local_slots=w13.shape[0], divisible=True)
-            env = get_env()
+        problem = Problem(num_experts=w13.shape[0], num_slots=w13.shape[0],
+                          top_k=topk_ids.shape[1], hidden_size=x.shape[1],
+                          intermediate_size=w13.shape[1] // 2, dtype=x.dtype,
+                          activation=Activation.SILU_GLU, device_type=x.device.type)
+        dep = Deployment(rank=0, world_size=1, comm_backend="none",
+                         num_local_slots=w13.shape[0], divisible=True)
+        env = get_env()
+        if choice == "auto":
             impl = next(c for c in backend_candidates()
                         if c.can_implement(problem, dep, env).ok)()
         else:
-            impl = backend_class(backend)()
+            cls = backend_class(choice) if isinstance(choice, str) else choice
+            elig = cls.can_implement(problem, dep, env)
+            if not elig.ok:
+                raise ValueError(f"backend={backend!r} cannot run here: {elig.reason.value}: "
+                                 f"{elig.detail}")
+            impl = cls()
     return impl.run_experts(x, w13, w2, topk_weights.to(torch.float32), topk_ids.to(torch.int32))

@@ -26,31 +26,33 @@ __all__ = [
     "backend_candidates",
 ]
 
-#: Every name ``backend=`` accepts besides ``"auto"`` and a Backend instance.
+#: Every name ``backend=`` accepts besides ``"auto"`` and a Backend instance or class.
 BACKEND_NAMES = ("reference", "triton", "grouped_mm")
-
-# Names reserved for backends that do not exist yet; asking for one is a clear error.
-_NOT_YET = {
-    "triton": "TritonExperts is not implemented yet (fused Triton kernels are a later issue); "
-              "use backend='reference'",
-    "grouped_mm": "GroupedMMExperts is not implemented yet (a later issue); "
-                  "use backend='reference'",
-}
 
 
 def backend_class(name: str) -> type[Backend]:
-    """The backend class registered as ``name``.
+    """The backend class registered as ``name`` (imported lazily: triton is optional).
 
-    Raises ValueError for an unknown name (listing the valid ones) or a reserved one.
+    Raises ValueError for an unknown name, listing the valid ones.
     """
-    if name not in BACKEND_NAMES:
-        raise ValueError(f"backend={name!r} is unknown; valid: 'auto', "
-                         f"{', '.join(repr(n) for n in BACKEND_NAMES)} or a Backend instance")
-    if name in _NOT_YET:
-        raise ValueError(f"backend={name!r}: {_NOT_YET[name]}")
-    return ReferenceExperts
+    if name == "reference":
+        return ReferenceExperts
+    if name == "grouped_mm":
+        from moerun.backends.grouped_mm import GroupedMMExperts
+
+        return GroupedMMExperts
+    if name == "triton":
+        from moerun.backends.triton import TritonExperts
+
+        return TritonExperts
+    raise ValueError(f"backend={name!r} is unknown; valid: 'auto', "
+                     f"{', '.join(repr(n) for n in BACKEND_NAMES)} or a Backend instance")
 
 
 def backend_candidates() -> list[type[Backend]]:
-    """Implemented backends in ``"auto"`` priority order (fastest first)."""
-    return [ReferenceExperts]
+    """Backends in ``"auto"`` priority order (fastest first; the first eligible one wins).
+
+    TritonExperts (fused kernels, CUDA; on CPU only under ``TRITON_INTERPRET=1``), then
+    GroupedMMExperts (``torch._grouped_mm``), then the ReferenceExperts oracle.
+    """
+    return [backend_class("triton"), backend_class("grouped_mm"), ReferenceExperts]

@@ -61,6 +61,24 @@ class Pending:
         return self._result
 
 
+class _AllWorks:
+    """Several Works waited as one (``wait(timeout=...)`` forwarded to each)."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self, timeout: Any = None) -> bool:
+        for w in self.works:
+            if timeout is None:
+                w.wait()
+            else:
+                w.wait(timeout=timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+
 @dataclass
 class _ForwardCursor:
     step: int = -1
@@ -133,6 +151,27 @@ class Communicator:
         return self._issue(
             phase, lambda: dist.all_reduce(t, op=op, group=self.mapping.group, async_op=True),
             then)
+
+    def batch_p2p(self, sends: list[tuple[torch.Tensor, int, int]],
+                  recvs: list[tuple[torch.Tensor, int, int]], *, phase: str) -> Pending:
+        """Point-to-point sends ``(tensor, group_rank, tag)`` and receives ``(tensor,
+        group_rank, tag)``, issued together (``batch_isend_irecv``). A send and its receive
+        carry the same tag and appear in the same relative order on both ranks (NCCL ignores
+        tags). Async; an empty batch returns a completed Pending."""
+        import torch.distributed as dist
+
+        group = self.mapping.group
+        ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, r), group=group, tag=tag)
+               for t, r, tag in sends]
+        ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, r), group=group, tag=tag)
+                for t, r, tag in recvs]
+        if not ops:
+            return Pending(self, [], phase, -1)
+
+        def launch() -> Any:
+            return _AllWorks(dist.batch_isend_irecv(ops))
+
+        return self._issue(phase, launch, None)
 
     def all_gather_object_ints(self, values: list[int], *, phase: str) -> list[list[int]]:
         """All-gather a short int list from every rank. Collective; host sync."""
