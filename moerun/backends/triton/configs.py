@@ -1,0 +1,256 @@
+"""Kernel configurations for :class:`TritonExperts`: the data, the T buckets, the lookup.
+
+A configuration is chosen per layer shape ``(E, N, K)`` -- ``E`` local slots, ``N`` the
+intermediate size ``I``, ``K`` the hidden size ``H`` (the names tuned-MoE configs use
+elsewhere) -- and per **T bucket** (the next power of two at or above the token count ``T``).
+Tuned entries are JSON files in ``configs/`` written by ``moerun tune`` (``tune.py``); every
+file states the command, date and device that wrote it. A shape with no file gets
+:func:`default_config`, a heuristic by tokens per expert.
+
+The lookup is pure host arithmetic on ``T = x.shape[0]`` (host-known): no device sync, so it
+is safe under CUDA-graph capture. Nothing here imports triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "GateUpConfig",
+    "DownConfig",
+    "ExpertsConfig",
+    "CONFIG_DIR",
+    "T_BUCKETS",
+    "NUM_SMS_DEFAULT",
+    "bucket_of",
+    "config_file_name",
+    "default_config",
+    "fit_to_dtype",
+    "ConfigTable",
+    "load_config_file",
+]
+
+CONFIG_DIR = Path(__file__).with_name("configs")
+#: Power-of-two token buckets; T above the last one uses the last one's entry.
+T_BUCKETS = tuple(1 << i for i in range(0, 15))  # 1 .. 16384
+#: Streaming multiprocessors assumed by the heuristics (H100/H200 SXM have 132).
+NUM_SMS_DEFAULT = 132
+#: Shared memory one program may use (bytes), with headroom under Hopper's 227 KiB.
+SMEM_LIMIT = 200 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateUpConfig:
+    """Tile of the gate/up grouped GEMM: ``BLOCK_N`` output columns of gate *and* of up."""
+
+    block_n: int
+    block_k: int
+    group_m: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def smem_bytes(self, block_m: int, elt: int) -> int:
+        return self.num_stages * (block_m * self.block_k + 2 * self.block_n * self.block_k) * elt
+
+
+@dataclass(frozen=True, kw_only=True)
+class DownConfig:
+    """Tile of the down grouped GEMM; ``split_k > 1`` splits the ``I`` reduction (atomic)."""
+
+    block_n: int
+    block_k: int
+    group_m: int = 1
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def smem_bytes(self, block_m: int, elt: int) -> int:
+        return self.num_stages * (block_m * self.block_k + self.block_n * self.block_k) * elt
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertsConfig:
+    """One bucket's choice.
+
+    Fields:
+        block_m: rows per expert block; the alignment pads each expert to a multiple of it.
+        gate_up / down: the two GEMM tiles.
+        combine: ``"atomic"`` -- the down kernel adds ``w * y`` into a zeroed fp32 ``[M, H]``
+            (zeroed inside the alignment launch), then one cast; or ``"reduce"`` -- the down
+            kernel writes ``w * y`` as ``[M*K, H]`` rows and a sum kernel adds the K rows.
+            ``down.split_k > 1`` forces ``"atomic"``.
+    """
+
+    block_m: int
+    gate_up: GateUpConfig
+    down: DownConfig
+    combine: str = "reduce"
+
+    def __post_init__(self):
+        if self.block_m not in (16, 32, 64, 128, 256):
+            raise ValueError(f"ExpertsConfig.block_m={self.block_m!r}: use 16, 32, 64, 128 or 256")
+        if self.combine not in ("atomic", "reduce"):
+            raise ValueError(f"ExpertsConfig.combine={self.combine!r}: use 'atomic' or 'reduce'")
+        if self.down.split_k > 1 and self.combine != "atomic":
+            raise ValueError("ExpertsConfig: down.split_k > 1 needs combine='atomic'")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ExpertsConfig":
+        return cls(block_m=int(d["block_m"]), gate_up=GateUpConfig(**d["gate_up"]),
+                   down=DownConfig(**d["down"]), combine=d.get("combine", "reduce"))
+
+    def key(self) -> str:
+        """A short stable name (for tables and logs)."""
+        g, d = self.gate_up, self.down
+        return (f"m{self.block_m}|gu n{g.block_n}k{g.block_k}g{g.group_m}w{g.num_warps}s{g.num_stages}"
+                f"|dn n{d.block_n}k{d.block_k}g{d.group_m}x{d.split_k}w{d.num_warps}s{d.num_stages}"
+                f"|{self.combine}")
+
+
+def bucket_of(num_tokens: int) -> int:
+    """The T bucket of ``num_tokens`` (host int): next power of two, capped at the last."""
+    b = 1 << max(0, int(num_tokens) - 1).bit_length()
+    return min(b, T_BUCKETS[-1])
+
+
+def config_file_name(num_slots: int, inter: int, hidden: int, device_name: str) -> str:
+    """``E{S}_N{I}_K{H}_{device}.json`` (letters, digits and ``_`` only)."""
+    dev = "".join(c if c.isalnum() else "_" for c in device_name)
+    return f"E{num_slots}_N{inter}_K{hidden}_{dev}.json"
+
+
+def default_config(num_slots: int, inter: int, hidden: int, num_tokens: int, top_k: int,
+                   num_sms: int = NUM_SMS_DEFAULT) -> ExpertsConfig:
+    """Heuristic config for a shape no file covers (also the tuner's starting point).
+
+    Regimes by average tokens per hit expert ``tpe = T*K / min(E, T*K)`` (numbers from the
+    H200 runs in ``benchmarks/triton_notes.md``): memory-bound (``tpe <= 48``): the smallest
+    ``block_m`` that holds a typical expert's rows in ONE block (a second block re-streams the
+    expert's weights), narrow N tiles, deep pipelines, split-K on the down GEMM when too few
+    programs would stream weights; compute-bound: 128-row wgmma tiles with grouped ordering
+    so the blocks of one expert share weight tiles through L2.
+    """
+    pairs = max(1, num_tokens * top_k)
+    hit = min(num_slots, pairs)
+    tpe = pairs / hit
+    if tpe <= 48:  # memory-bound: one block per hit expert (mean + 2 sigma of its load)
+        need = tpe + 2 * math.sqrt(tpe)
+        block_m = 16 if need <= 16 else (32 if need <= 32 else 64)
+    else:
+        block_m = 128
+    if block_m <= 32:
+        gu_bn = 64 if hit * (inter // 64) >= 2 * num_sms else 32
+        if hit * (inter // 32) < 2 * num_sms:
+            gu_bn = 16
+        gate_up = GateUpConfig(block_n=gu_bn, block_k=128, group_m=1, num_warps=4, num_stages=4)
+        dn_bn = 64
+        programs = hit * max(1, hidden // dn_bn)
+        split = 1
+        while programs * split < 2 * num_sms and split < 8 and inter % (256 * split * 2) == 0:
+            split *= 2
+        down = DownConfig(block_n=dn_bn, block_k=256, group_m=1, split_k=split,
+                          num_warps=4, num_stages=3)
+        return ExpertsConfig(block_m=block_m, gate_up=gate_up, down=down, combine="atomic")
+    if block_m == 64:
+        gate_up = GateUpConfig(block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)
+        down = DownConfig(block_n=64, block_k=256, group_m=1, num_warps=4, num_stages=3)
+        return ExpertsConfig(block_m=64, gate_up=gate_up, down=down, combine="atomic")
+    gate_up = GateUpConfig(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    down = DownConfig(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    return ExpertsConfig(block_m=128, gate_up=gate_up, down=down, combine="reduce")
+
+
+def fit_to_dtype(cfg: ExpertsConfig, dtype: torch.dtype) -> ExpertsConfig:
+    """Shrink a (bf16-tuned) config until its pipelines fit shared memory for ``dtype``.
+
+    fp32 tiles take twice the bytes: lower ``num_stages`` (to 2), then ``block_k`` (to 32).
+    """
+    elt = torch.empty((), dtype=dtype).element_size()
+    gu, dn = cfg.gate_up, cfg.down
+    while gu.smem_bytes(cfg.block_m, elt) > SMEM_LIMIT:
+        if gu.num_stages > 2:
+            gu = dataclasses.replace(gu, num_stages=gu.num_stages - 1)
+        elif gu.block_k > 32:
+            gu = dataclasses.replace(gu, block_k=gu.block_k // 2)
+        else:
+            gu = dataclasses.replace(gu, block_n=max(16, gu.block_n // 2))
+    while dn.smem_bytes(cfg.block_m, elt) > SMEM_LIMIT:
+        if dn.num_stages > 2:
+            dn = dataclasses.replace(dn, num_stages=dn.num_stages - 1)
+        elif dn.block_k > 32:
+            dn = dataclasses.replace(dn, block_k=dn.block_k // 2)
+        else:
+            dn = dataclasses.replace(dn, block_n=max(16, dn.block_n // 2))
+    if gu is cfg.gate_up and dn is cfg.down:
+        return cfg
+    return dataclasses.replace(cfg, gate_up=gu, down=dn)
+
+
+def load_config_file(path: Path) -> tuple[dict, dict[int, ExpertsConfig]]:
+    """``(meta, {T bucket: config})`` from one JSON file (format: see ``tune.py``)."""
+    data = json.loads(Path(path).read_text())
+    entries = {int(t): ExpertsConfig.from_json(e["config"]) for t, e in data["entries"].items()}
+    return data.get("meta", {}), entries
+
+
+@functools.lru_cache(maxsize=64)
+def _file_table(num_slots: int, inter: int, hidden: int, device_name: str,
+                config_dir: str) -> dict[int, ExpertsConfig] | None:
+    d = Path(config_dir)
+    exact = d / config_file_name(num_slots, inter, hidden, device_name)
+    if exact.exists():
+        path = exact
+    else:  # a file tuned on another device beats the heuristic
+        same_shape = sorted(d.glob(f"E{num_slots}_N{inter}_K{hidden}_*.json"))
+        if not same_shape:
+            return None
+        path = same_shape[0]
+    _, entries = load_config_file(path)
+    if not entries:
+        return None
+    keys = sorted(entries)
+    table = {}
+    for b in T_BUCKETS:  # nearest tuned T in log space, ties to the larger
+        table[b] = entries[min(keys, key=lambda t: (abs(math.log2(t) - math.log2(b)), -t))]
+    return table
+
+
+class ConfigTable:
+    """Per-bucket config lookup for one device.
+
+    ``lookup(...)`` costs a dict lookup after the first call for a shape (the file is read
+    and expanded to every bucket once, then cached). ``overrides`` ({T bucket: config}) wins
+    over files -- used by the tuner and the benchmark to time candidates.
+    """
+
+    def __init__(self, device_name: str = "", config_dir: Path | str | None = None,
+                 overrides: dict[int, ExpertsConfig] | None = None):
+        self.device_name = device_name
+        self.config_dir = str(config_dir or os.environ.get("MOERUN_TRITON_CONFIG_DIR", CONFIG_DIR))
+        self.overrides = dict(overrides or {})
+        self._cache: dict[tuple, ExpertsConfig] = {}
+
+    def lookup(self, num_slots: int, inter: int, hidden: int, num_tokens: int, top_k: int,
+               dtype: torch.dtype) -> ExpertsConfig:
+        b = bucket_of(num_tokens)
+        if b in self.overrides:
+            return fit_to_dtype(self.overrides[b], dtype)
+        key = (num_slots, inter, hidden, b, top_k, dtype)
+        cfg = self._cache.get(key)
+        if cfg is None:
+            table = _file_table(num_slots, inter, hidden, self.device_name, self.config_dir)
+            base = table[b] if table is not None else default_config(
+                num_slots, inter, hidden, b, top_k)
+            cfg = self._cache[key] = fit_to_dtype(base, dtype)
+        return cfg

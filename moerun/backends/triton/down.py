@@ -1,0 +1,173 @@
+"""Down grouped GEMM with the routing weight applied in the epilogue.
+
+Legend as ``gate_up.py``: ``act [R, I]`` in aligned row order, ``w2 [S, H, I]``.
+
+Program ``(m, n, s)`` multiplies aligned rows ``[m*BM, (m+1)*BM)`` (one slot ``e``) by
+``w2[e, n*BN:(n+1)*BN, :]^T`` over the ``s``-th of ``SPLIT_K`` interleaved slices of ``I``,
+scales row ``r`` by ``topk_weights.flat[pair(r)]`` and then either
+
+* ``ATOMIC``: adds it (fp32, relaxed atomics) into ``acc[tok(r), n*BN:...]`` -- the top-k
+  reduction happens in the accumulator, nothing ``[M, K, H]``-sized is written; split-K slices
+  add into the same place (decode: more programs than blocks x tiles);
+* else: stores it as row ``pair(r)`` of ``y [M*K, H]`` (x.dtype), for ``combine.moe_sum``.
+
+The A operand needs no gather (rows are contiguous in aligned order).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from moerun.backends.triton._compat import patch_interpreter
+
+from moerun.backends.triton.align import Alignment
+from moerun.backends.triton.configs import DownConfig
+from moerun.backends.triton.gate_up import dot_precision, grouped_pid
+
+patch_interpreter()
+
+__all__ = ["down", "down_torch"]
+
+
+# ---------------------------------------------------------------- kernel
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
+def _down_kernel(
+    # tensors
+    act_ptr,  # [R, I]
+    w2_ptr,  # [S, H, I]
+    out_ptr,  # ATOMIC: [M, H] fp32 accumulator; else [M*K, H] x.dtype
+    topk_weights_ptr,  # [M*K] fp32
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment
+    # sizes
+    num_pairs, hidden, inter, max_blocks,
+    # strides in elements (last dims contiguous)
+    stride_am, stride_we, stride_wn, stride_om,
+    # meta
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_nw = offs_n % hidden
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    b_ptrs = w2_ptr + expert * stride_we + offs_nw[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(inter, BLOCK_K * SPLIT_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < inter - k * (BLOCK_K * SPLIT_K)
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * SPLIT_K
+        b_ptrs += BLOCK_K * SPLIT_K
+
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    w = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
+    acc = acc * w[:, None]
+    mask = row_ok[:, None] & (offs_n < hidden)[None, :]
+    if ATOMIC:
+        tok = (pair // TOP_K).to(tl.int64)
+        tl.atomic_add(out_ptr + tok[:, None] * stride_om + offs_n[None, :], acc, mask=mask,
+                      sem="relaxed")
+    else:
+        dst = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------- launcher
+def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: torch.Tensor,
+         top_k: int, cfg: DownConfig, *, atomic_out: torch.Tensor | None = None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted down projection of the aligned rows.
+
+    Args:
+        act: ``[max_blocks*BM, I]`` from :func:`gate_up`.
+        w2: ``[S, H, I]`` act.dtype, last dim contiguous.
+        align: the alignment ``act`` was built with.
+        topk_weights: ``[M, K]`` fp32 contiguous.
+        top_k: ``K``.
+        cfg: tile; ``cfg.split_k > 1`` needs ``atomic_out``.
+        atomic_out: a zeroed fp32 ``[M, H]`` accumulator to add into (the ``"atomic"``
+            combine); the call returns it.
+        out: else an optional ``[M*K, H]`` act.dtype buffer for the per-pair rows (rows of
+            ``-1`` pairs are not written).
+
+    Returns: ``atomic_out`` or ``y [M*K, H]``. One launch; current stream; no host sync.
+    """
+    rows, inter = act.shape
+    s, h, i2 = w2.shape
+    if i2 != inter or w2.dtype != act.dtype or w2.stride(2) != 1 or act.stride(1) != 1:
+        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} does not match act "
+                         f"{tuple(act.shape)} {act.dtype} (expected [S, H, {inter}], "
+                         f"contiguous last dim)")
+    if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous() or \
+            topk_weights.numel() != align.num_pairs:
+        raise ValueError("topk_weights must be a contiguous fp32 [M, K] tensor")
+    m = align.num_pairs // top_k
+    if cfg.split_k > 1 and atomic_out is None:
+        raise ValueError("split_k > 1 needs atomic_out (the fp32 accumulator)")
+    if atomic_out is not None:
+        if atomic_out.shape != (m, h) or atomic_out.dtype != torch.float32 or \
+                not atomic_out.is_contiguous():
+            raise ValueError(f"atomic_out must be a contiguous fp32 [{m}, {h}] tensor")
+        dst = atomic_out
+    else:
+        if out is None:
+            out = torch.empty(align.num_pairs, h, dtype=act.dtype, device=act.device)
+        elif out.shape != (align.num_pairs, h) or out.dtype != act.dtype or out.stride(1) != 1:
+            raise ValueError(f"out must be [{align.num_pairs}, {h}] {act.dtype}")
+        dst = out
+    grid = (align.max_blocks * triton.cdiv(h, cfg.block_n), cfg.split_k)
+    _down_kernel[grid](
+        act, w2, dst, topk_weights, align.sorted_ids, align.expert_ids, align.num_post,
+        align.num_pairs, h, inter, align.max_blocks,
+        act.stride(0), w2.stride(0), w2.stride(1), dst.stride(0),
+        TOP_K=top_k, BLOCK_M=align.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
+        EVEN_K=inter % (cfg.block_k * cfg.split_k) == 0, ATOMIC=atomic_out is not None,
+        PRECISION=dot_precision(act.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return dst
+
+
+# ---------------------------------------------------------------- torch twin
+def down_torch(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
+               topk_weights: torch.Tensor, top_k: int, *, atomic: bool) -> torch.Tensor:
+    """Pure-torch twin of :func:`down` (fp32 math; no sync).
+
+    Returns the fp32 ``[M, H]`` sum when ``atomic``, else ``y [M*K, H]`` act.dtype with zero
+    rows for excluded pairs (the kernel leaves those unwritten).
+    """
+    rows, inter = act.shape
+    h = w2.shape[1]
+    bm = align.block_m
+    p = align.num_pairs
+    y = torch.zeros(p + 1, h, dtype=torch.float32, device=act.device)  # row P = padding sink
+    wflat = torch.cat([topk_weights.reshape(-1).float(), topk_weights.new_zeros(1)])
+    for b in range(align.max_blocks):
+        pair = align.sorted_ids[b * bm:(b + 1) * bm].long().clamp(max=p)
+        e = align.expert_ids[b].long().clamp(min=0)
+        live = (align.expert_ids[b] >= 0) & (b * bm < align.num_post[0])
+        yb = (act[b * bm:(b + 1) * bm].float() @ w2[e].float().t()) * wflat[pair][:, None]
+        y.index_add_(0, pair, torch.where(live, yb, torch.zeros_like(yb)))
+    y = y[:p]
+    if atomic:
+        return y.view(p // top_k, top_k, h).sum(1)
+    return y.to(act.dtype)

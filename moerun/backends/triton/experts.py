@@ -1,0 +1,163 @@
+"""``TritonExperts``: the expert path as fused Triton kernels (DESIGN 6).
+
+Legend: ``M`` rows (tokens after dispatch), ``H`` hidden, ``I`` intermediate, ``S`` local
+slots, ``K`` top-k, ``BM`` rows per expert block.
+
+One call launches **4 kernels** (3 for fp32 inputs with the atomic combine), plus one small
+``torch.zeros`` memset (a graph memset node) when there are more than 1024 (token, j) pairs:
+
+1. ``align.moe_align`` -- token -> expert alignment on the device (one aligning program for
+   decode sizes, a grid of <= #SMs programs with a spin barrier above 1024 pairs -- the
+   memset zeroes its counters; in the ``"atomic"`` combine the launch's extra programs zero
+   the fp32 accumulator);
+2. ``gate_up.gate_up`` -- gathered-rows grouped GEMM, ``silu(gate) * up`` in the epilogue;
+3. ``down.down`` -- grouped GEMM over contiguous aligned rows, routing weight in the epilogue,
+   either atomically summed into the fp32 ``[M, H]`` accumulator (optionally split-K) or
+   written as per-pair rows ``[M*K, H]``;
+4. ``combine.moe_sum`` (``"reduce"``) or the fp32 -> x.dtype cast (``"atomic"``; none for
+   fp32 inputs).
+
+Kernels per T regime (picked per T bucket from tuned JSON, ``configs.py``; H200 choices):
+
+* decode / memory-bound (few rows per hit expert: T <= 128, and dsv3 at 1024): ``block_m``
+  just large enough that each hit expert is ONE block (16; 64 for mixtral T=128 and dsv3
+  T=1024), so every weight byte is streamed once; N tiles of 32-128 with 2-5 stages give
+  hundreds of programs even when only K experts are hit (T=1: 8 experts x I/BN tiles), and the
+  down GEMM adds split-K where blocks x tiles alone would leave SMs idle (mixtral T=1: 2
+  experts, split 2); atomic combine (no [M*K, H] round trip). Measured 4.2-4.5 TB/s.
+* prefill / compute-bound (>= ~64 rows per expert): 128-row wgmma tiles (gate_up 128 columns
+  of gate + 128 of up, 8 warps, 3-4 stages; down 256 columns), GROUP_M 4-16 program order so
+  the blocks of one expert share weight tiles through L2, and the reduce combine (the fp32
+  atomics on M*K*H elements measured 2-13 % slower at T=8192).
+
+Capture-safe: buffers are sized by static bounds, no device->host sync anywhere in
+``run_experts``; it runs on the current stream. Triton is imported lazily (first call), so
+``import moerun`` works without it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from moerun.backends.base import Backend, Deployment, Eligibility, Problem, RejectReason
+from moerun.config import Activation
+from moerun.env import Env, get_env
+
+__all__ = ["TritonExperts", "LAUNCHES_PER_CALL"]
+
+#: Kernel launches per ``run_experts`` call (fp32 with the atomic combine: 3).
+LAUNCHES_PER_CALL = 4
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INTERPRETER_DTYPES = (torch.float32, torch.float16)
+
+
+class TritonExperts(Backend):
+    """Fused grouped-GEMM experts in Triton (CUDA sm80+, or CPU under ``TRITON_INTERPRET=1``).
+
+    Args:
+        configs: a :class:`~moerun.backends.triton.configs.ConfigTable`; default: the tuned
+            JSON files for this device (``moerun tune`` writes them), else the heuristic.
+    """
+
+    name: ClassVar[str] = "triton"
+    supports_non_divisible_ep: ClassVar[bool] = True  # it only ever sees local slots
+
+    def __init__(self, configs=None):
+        self._configs = configs
+
+    @classmethod
+    def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        if problem.activation != Activation.SILU_GLU:
+            return Eligibility.no(RejectReason.ACTIVATION, f"{problem.activation} unsupported")
+        if env.triton_version is None:
+            return Eligibility.no(RejectReason.PACKAGE_MISSING,
+                                  "triton is not importable; pip install 'moerun[gpu]'")
+        if problem.dtype not in _DTYPES:
+            return Eligibility.no(RejectReason.DTYPE, f"{problem.dtype} unsupported "
+                                  "(fp32, fp16, bf16)")
+        if problem.device_type == "cpu":
+            if not env.triton_interpret:
+                return Eligibility.no(RejectReason.INTERPRETER,
+                                      "CPU needs TRITON_INTERPRET=1 set before triton is "
+                                      "imported")
+            if problem.dtype not in _INTERPRETER_DTYPES:
+                return Eligibility.no(RejectReason.INTERPRETER,
+                                      f"{problem.dtype} under the Triton interpreter returns "
+                                      "wrong results; use fp32 or fp16")
+            return Eligibility.yes()
+        if problem.device_type != "cuda":
+            return Eligibility.no(RejectReason.DEVICE, f"device {problem.device_type!r}")
+        if env.triton_interpret:
+            return Eligibility.no(RejectReason.INTERPRETER,
+                                  "TRITON_INTERPRET=1 would run the kernels on the CPU; unset it")
+        if not env.cuda_available or env.device_capability is None or \
+                env.device_capability < (8, 0):
+            return Eligibility.no(RejectReason.DEVICE,
+                                  f"needs a CUDA GPU of sm80 or newer, have {env.device_name} "
+                                  f"{env.device_capability}")
+        return Eligibility.yes()
+
+    def _table(self):
+        if self._configs is None:
+            from moerun.backends.triton.configs import ConfigTable
+
+            self._configs = ConfigTable(device_name=get_env().device_name)
+        return self._configs
+
+    def config_for(self, num_slots: int, inter: int, hidden: int, num_tokens: int,
+                   top_k: int, dtype: torch.dtype):
+        """The :class:`ExpertsConfig` a call with these sizes uses (host-only lookup)."""
+        return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k, dtype)
+
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids):
+        """See :meth:`Backend.run_experts`. 4 launches (module docstring); no host sync."""
+        from moerun.backends.triton.align import moe_align
+        from moerun.backends.triton.combine import moe_sum
+        from moerun.backends.triton.down import down
+        from moerun.backends.triton.gate_up import gate_up
+
+        m, h = x.shape
+        s, two_i, _ = w13.shape
+        inter = two_i // 2
+        if x.dtype not in _DTYPES:
+            raise ValueError(f"x.dtype={x.dtype}: TritonExperts runs fp32, fp16 and bf16")
+        if w13.shape != (s, two_i, h) or w2.shape != (s, h, inter) or two_i % 2:
+            raise ValueError(f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} do not match "
+                             f"x [M, {h}]: expected [S, 2I, {h}] and [S, {h}, I]")
+        if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or \
+                topk_ids.shape[0] != m:
+            raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                             f"{tuple(topk_weights.shape)} must both be [{m}, K]")
+        k = topk_ids.shape[1]
+        if m == 0 or k == 0 or s == 0:
+            return torch.zeros(m, h, dtype=x.dtype, device=x.device)
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+        ids = ids.contiguous()
+        weights = topk_weights.to(torch.float32).contiguous()
+
+        cfg = self.config_for(s, inter, h, m, k, x.dtype)
+        atomic = cfg.combine == "atomic"
+        acc = torch.empty(m, h, dtype=torch.float32, device=x.device) if atomic else None
+        align = moe_align(ids, s, cfg.block_m, zero=acc)  # launch 1
+        act = gate_up(x, w13, align, k, cfg.gate_up)  # launch 2
+        if atomic:
+            down(act, w2, align, weights, k, cfg.down, atomic_out=acc)  # launch 3
+            return acc if x.dtype == torch.float32 else acc.to(x.dtype)  # launch 4
+        y = down(act, w2, align, weights, k, cfg.down)  # launch 3
+        return moe_sum(y, ids, s)  # launch 4
+
+    def workspace_bytes(self, problem: Problem, rows: int) -> int:
+        """Aligned ``act`` rows + per-pair rows (or the fp32 sum) + index buffers."""
+        elt = torch.empty((), dtype=problem.dtype).element_size()
+        k, h, i, s = (problem.top_k, problem.hidden_size, problem.intermediate_size,
+                      problem.num_slots)
+        pairs = rows * k
+        bm = 128  # the largest block any config uses: the bound on padded rows
+        aligned = pairs + min(s, pairs) * (bm - 1)
+        per_pair = max(pairs * h * elt, rows * h * 4)
+        return aligned * (i * elt + 4) + per_pair + rows * h * elt

@@ -1,0 +1,173 @@
+"""Gate/up grouped GEMM with ``silu(gate) * up`` fused in the epilogue.
+
+Legend: ``M`` tokens, ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``S`` slots, ``BM`` rows
+per block, ``R = max_blocks*BM`` aligned rows (see ``align.py``).
+
+Program ``(m, n)`` owns aligned rows ``[m*BM, (m+1)*BM)`` (all routed to one slot ``e``) and
+output columns ``[n*BN, (n+1)*BN)``. It gathers the rows' tokens from ``x``, and streams the
+gate rows ``w13[e, n*BN:...]`` and the up rows ``w13[e, I + n*BN:...]`` side by side, so both
+accumulators for the same columns live in registers and ``silu(g) * u`` is formed there. The
+result is written in *aligned row order* (``act[R, I]``), so the down GEMM reads contiguous
+rows. Padding rows load zeros and write zeros.
+
+Ordering: programs are grouped ``GROUP_M`` blocks at a time (m fastest inside a group) so the
+blocks of one expert share weight tiles through L2; ``GROUP_M = 1`` puts every block's N
+tiles together, which also leaves the unused blocks (past ``num_post``) at the grid's end.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from moerun.backends.triton._compat import patch_interpreter
+
+from moerun.backends.triton.align import Alignment
+from moerun.backends.triton.configs import GateUpConfig
+
+patch_interpreter()
+
+__all__ = ["gate_up", "gate_up_torch", "dot_precision", "grouped_pid"]
+
+
+# ---------------------------------------------------------------- constants / config
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision: IEEE for fp32 (no TF32), the default otherwise."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# ---------------------------------------------------------------- kernel
+@triton.jit
+def grouped_pid(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """``pid -> (pid_m, pid_n)``: ``GROUP_M`` m-blocks at a time, m fastest in a group."""
+    in_group = GROUP_M * num_n
+    group = pid // in_group
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
+def _gate_up_kernel(
+    # tensors
+    x_ptr,  # [M, H]
+    w13_ptr,  # [S, 2I, H]
+    act_ptr,  # [R, I] out, x.dtype
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment
+    # sizes
+    num_pairs, inter, hidden, max_blocks,
+    # strides in elements (the last dim of every tensor is contiguous)
+    stride_xm, stride_we, stride_wn, stride_am,
+    # meta
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    tok = (pair // TOP_K).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_nw = offs_n % inter  # columns past I read valid rows; their results are dropped
+    offs_k = tl.arange(0, BLOCK_K)
+
+    a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
+    g_ptrs = w13_ptr + expert * stride_we + offs_nw[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    u_ptrs = g_ptrs + inter * stride_wn
+
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(hidden, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            g = tl.load(g_ptrs)
+            u = tl.load(u_ptrs)
+        else:
+            k_ok = offs_k < hidden - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+            u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+
+    act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up, fp32
+    out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
+    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
+
+
+# ---------------------------------------------------------------- launcher
+def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
+            cfg: GateUpConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``act[r] = silu(x[tok(r)] @ W_gate[e]^T) * (x[tok(r)] @ W_up[e]^T)`` per aligned row.
+
+    Args:
+        x: ``[M, H]`` fp32/fp16/bf16, last dim contiguous.
+        w13: ``[S, 2I, H]`` same dtype, last dim contiguous (gate rows, then up rows).
+        align: from :func:`moe_align` with ``M*K`` pairs.
+        top_k: ``K``.
+        cfg: tile (``block_m`` comes from ``align``).
+        out: optional ``[max_blocks*BM, I]`` buffer (tests poison it).
+
+    Returns: ``act [max_blocks*BM, I]`` x.dtype, rows in aligned order; rows of blocks past
+    ``num_post`` are not written. One launch; current stream; no host sync.
+    """
+    m, h = x.shape
+    s, two_i, h2 = w13.shape
+    inter = two_i // 2
+    if h2 != h or two_i % 2 or w13.dtype != x.dtype:
+        raise ValueError(f"w13 {tuple(w13.shape)} {w13.dtype} does not match x {tuple(x.shape)} "
+                         f"{x.dtype}: expected [S, 2*I, {h}] {x.dtype}")
+    if x.stride(1) != 1 or w13.stride(2) != 1:
+        raise ValueError("x and w13 need a contiguous last dimension")
+    if align.num_pairs != m * top_k:
+        raise ValueError(f"alignment covers {align.num_pairs} pairs, expected {m}*{top_k}")
+    rows = align.max_blocks * align.block_m
+    if out is None:
+        out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
+    elif out.shape != (rows, inter) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{rows}, {inter}] {x.dtype}")
+    grid = (align.max_blocks * triton.cdiv(inter, cfg.block_n),)
+    _gate_up_kernel[grid](
+        x, w13, out, align.sorted_ids, align.expert_ids, align.num_post,
+        align.num_pairs, inter, h, align.max_blocks,
+        x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
+        TOP_K=top_k, BLOCK_M=align.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, EVEN_K=h % cfg.block_k == 0, PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+# ---------------------------------------------------------------- torch twin
+def gate_up_torch(x: torch.Tensor, w13: torch.Tensor, align: Alignment,
+                  top_k: int) -> torch.Tensor:
+    """Pure-torch twin of :func:`gate_up` (fp32 math, one loop step per block; no sync).
+
+    Rows of blocks past ``num_post`` are zero here (the kernel leaves them unwritten).
+    """
+    m, h = x.shape
+    inter = w13.shape[1] // 2
+    bm = align.block_m
+    out = torch.zeros(align.max_blocks * bm, inter, dtype=x.dtype, device=x.device)
+    xf = torch.cat([x.float(), x.new_zeros(1, h, dtype=torch.float32)])  # row M = padding
+    for b in range(align.max_blocks):
+        rows = align.sorted_ids[b * bm:(b + 1) * bm].long()
+        tok = torch.where(rows < align.num_pairs, rows // top_k, torch.full_like(rows, m))
+        e = align.expert_ids[b].long().clamp(min=0)
+        gu = xf[tok] @ w13[e].float().t()
+        act = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        live = (align.expert_ids[b] >= 0) & (b * bm < align.num_post[0])
+        out[b * bm:(b + 1) * bm] = torch.where(live, act, torch.zeros_like(act)).to(x.dtype)
+    return out

@@ -1,0 +1,172 @@
+"""TritonExperts on a CUDA GPU (``gpu`` marker; the conftest skips these without CUDA).
+
+bf16/fp16/fp32 at the benchmark shapes against the fp64 reference (fp32: TF32 off), every
+combine and split-K, sizes that are not multiples of any tile, the alignment kernel against
+its twin at decode and prefill sizes, and CUDA-graph capture + replay with new routings
+copied into the captured buffers. Outputs are allocated on a NaN-poisoned allocator.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+_WEIGHTS: dict = {}
+
+
+def _weights(name, dtype):
+    from moerun.backends.triton import _bench as B
+
+    key = (name, dtype)
+    if key not in _WEIGHTS:
+        _WEIGHTS.clear()
+        torch.cuda.empty_cache()
+        _WEIGHTS[key] = B.make_weights(B.SHAPES[name], dtype, seed=7)
+    return _WEIGHTS[key]
+
+
+def _check(name, dtype, T, backend=None, drop=0.0, seed=0):
+    from moerun.backends.triton import TritonExperts
+    from moerun.backends.triton import _bench as B
+
+    shape = B.SHAPES[name]
+    w13, w2 = _weights(name, dtype)
+    c = B.make_case(shape, T, dtype, seed=seed, drop=drop)
+    B.poison_allocator(1 << 28)
+    out = (backend or TritonExperts()).run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
+    assert out.dtype == dtype and out.shape == (T, shape.H)
+    ref = B.reference_out(c.x, w13, w2, c.topk_weights, c.topk_ids)
+    err = B.rel_err(out, ref)
+    assert err <= TOL[dtype], (name, dtype, T, err)
+    return err
+
+
+@pytest.mark.parametrize("name", ["mixtral8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+                                  "deepseek-v3"])
+@pytest.mark.parametrize("T", [1, 37, 300])
+def test_bf16_benchmark_shapes(name, T):
+    _check(name, torch.bfloat16, T, drop=0.1 if T == 37 else 0.0)
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral8x7b"])
+@pytest.mark.parametrize("T", [1, 100])
+def test_fp16_benchmark_shapes(name, T):
+    _check(name, torch.float16, T)
+
+
+@pytest.mark.parametrize("name, T", [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 64),
+                                     ("mixtral8x7b", 16)])
+def test_fp32_ieee(name, T):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _check(name, torch.float32, T)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("combine, split, bm", [("reduce", 1, 16), ("atomic", 1, 64),
+                                                ("atomic", 4, 16), ("reduce", 1, 128)])
+def test_every_combine_odd_sizes(dtype, combine, split, bm):
+    """H, I not multiples of any tile; zero-token experts; -1 ids."""
+    from moerun.backends.reference import reference_moe
+    from moerun.backends.triton import TritonExperts
+    from moerun.backends.triton import _bench as B
+    from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
+                                                GateUpConfig)
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    m, k, s, h, i = 203, 3, 10, 200, 136
+    x = torch.randn(m, h, device="cuda", generator=g).to(dtype)
+    w13 = (torch.randn(s, 2 * i, h, device="cuda", generator=g) * h ** -0.5).to(dtype)
+    w2 = (torch.randn(s, h, i, device="cuda", generator=g) * i ** -0.5).to(dtype)
+    ids = torch.randint(0, s - 3, (m, k), device="cuda", generator=g).to(torch.int32)
+    ids[torch.rand(m, k, device="cuda", generator=g) < 0.2] = -1
+    tw = torch.rand(m, k, device="cuda", generator=g)
+    cfg = ExpertsConfig(block_m=bm, gate_up=GateUpConfig(block_n=64, block_k=64, num_stages=3),
+                        down=DownConfig(block_n=64, block_k=32, split_k=split, num_stages=3),
+                        combine=combine)
+    be = TritonExperts(ConfigTable(overrides={b: cfg for b in (128, 256)}))
+    B.poison_allocator(1 << 26)
+    out = be.run_experts(x, w13, w2, tw, ids)
+    ref = reference_moe(x.double(), w13.double(), w2.double(), tw.double(), ids)
+    assert B.rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("m, k, s, bm, programs, grid_kernel", [
+    (1, 8, 256, 16, None, None), (16, 8, 128, 16, None, None), (8192, 8, 256, 128, None, None),
+    (8192, 2, 8, 64, None, None), (3000, 1, 1, 32, None, None), (40000, 8, 384, 64, None, None),
+    (8192, 8, 256, 128, 1, False), (100, 8, 64, 16, 3, True), (1024, 8, 128, 16, 1, True)])
+def test_align_matches_twin_on_gpu(m, k, s, bm, programs, grid_kernel):
+    from moerun.backends.triton.align import moe_align, moe_align_torch
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    ids = torch.randint(0, s, (m, k), device="cuda", generator=g).to(torch.int32)
+    ids[torch.rand(m, k, device="cuda", generator=g) < 0.1] = -1
+    acc = torch.full((m, 64), float("nan"), device="cuda")
+    a = moe_align(ids, s, bm, zero=acc, programs=programs, grid_kernel=grid_kernel)
+    b = moe_align_torch(ids, s, bm)
+    assert bool((acc == 0).all())
+    post = int(a.num_post[0])
+    assert post == int(b.num_post[0])
+    assert torch.equal(a.expert_ids, b.expert_ids)
+    # same pair set per block (order inside a slot's segment is free)
+    sa = a.sorted_ids[:post].view(-1, bm).sort(1).values
+    sb = b.sorted_ids[:post].view(-1, bm).sort(1).values
+    ea = a.expert_ids[:post // bm]
+    for e in torch.unique(ea).tolist():
+        rows = ea == e
+        assert torch.equal(sa[rows].flatten().sort().values, sb[rows].flatten().sort().values)
+
+
+def test_cuda_graph_capture_and_replay():
+    from moerun.backends.triton import TritonExperts
+    from moerun.backends.triton import _bench as B
+
+    shape = B.SHAPES["qwen3-30b-a3b"]
+    w13, w2 = _weights(shape.name, torch.bfloat16)
+    be = TritonExperts()
+    for T in (1, 16, 128):
+        cases = [B.make_case(shape, T, seed=50 + r) for r in range(3)]
+        x, tw, ids = (cases[0].x.clone(), cases[0].topk_weights.clone(),
+                      cases[0].topk_ids.clone())
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            be.run_experts(x, w13, w2, tw, ids)  # warm-up (compile) outside capture
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = be.run_experts(x, w13, w2, tw, ids)
+        for c in cases:
+            x.copy_(c.x)
+            tw.copy_(c.topk_weights)
+            ids.copy_(c.topk_ids)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = B.reference_out(c.x, w13, w2, c.topk_weights, c.topk_ids)
+            assert B.rel_err(out, ref) <= TOL[torch.bfloat16], T
+
+
+def test_capture_at_prefill_size():
+    """The whole call is capturable for every bucket's config at a prefill size too."""
+    from moerun.backends.triton import TritonExperts
+    from moerun.backends.triton import _bench as B
+
+    shape = B.SHAPES["mixtral8x7b"]
+    w13, w2 = _weights(shape.name, torch.bfloat16)
+    c = B.make_case(shape, 1024, seed=9)
+    be = TritonExperts()
+    be.run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = be.run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
+    graph.replay()
+    ref = B.reference_out(c.x, w13, w2, c.topk_weights, c.topk_ids)
+    assert B.rel_err(out, ref) <= TOL[torch.bfloat16]
