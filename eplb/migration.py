@@ -1,0 +1,129 @@
+"""One layer's rebalance at a due step (DESIGN 8): step check, window all-reduce, policy,
+weight migration. Called from ``LayerBalancer.done_set_cpu`` on the forward thread, so every
+EPLB collective is issued in the same order on every rank.
+
+Migration plan (pure function of the old and new ``phy2log`` rows, identical on every rank):
+for each slot ``s`` whose expert changes to ``e``, the source is a slot on ``s``'s own rank
+that held ``e`` before (a local copy) if there is one, else the lowest slot holding ``e``
+(a point-to-point send). Sends read the old weights before any slot is overwritten; weights
+and maps are then written in place with ``copy_`` (tensor identities never change).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from moerun.errors import EPLBStepMismatch
+
+__all__ = ["MigrationPlan", "plan_migration", "rebalance_layer"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrationPlan:
+    """``moves``: ``(dest_slot, src_slot)`` for every slot whose expert changes, ascending
+    dest slot. ``slots_per_rank``: contiguous slots per rank."""
+
+    moves: tuple[tuple[int, int], ...]
+    slots_per_rank: int
+
+    def rank_of(self, slot: int) -> int:
+        return slot // self.slots_per_rank
+
+
+def plan_migration(old: list[int], new: list[int], slots_per_rank: int) -> MigrationPlan:
+    """Sources for every changed slot (pure; see the module docstring)."""
+    holders: dict[int, list[int]] = {}
+    for s, e in enumerate(old):
+        holders.setdefault(e, []).append(s)
+    moves = []
+    for s, e in enumerate(new):
+        if old[s] == e:
+            continue
+        rank = s // slots_per_rank
+        srcs = holders[e]  # every expert has >= 1 replica in the old placement
+        local = [x for x in srcs if x // slots_per_rank == rank]
+        moves.append((s, local[0] if local else srcs[0]))
+    return MigrationPlan(moves=tuple(moves), slots_per_rank=slots_per_rank)
+
+
+def _check_steps(handle: Any, layer: Any) -> None:
+    owner = handle.owner
+    counts = [owner.step_idx] + [
+        owner._layers[i]._layer.step if i in owner._layers and owner._layers[i]._layer
+        is not None else -1 for i in range(owner.config.num_layers)]
+    gathered = layer.communicator.all_gather_object_ints(counts, phase="eplb.step_check")
+    if any(g != gathered[0] for g in gathered):
+        bad = [r for r, g in enumerate(gathered) if g != gathered[0]]
+        detail = "; ".join(f"rank {r}: step {g[0]}, layer forwards {g[1:]}"
+                           for r, g in enumerate(gathered))
+        raise EPLBStepMismatch(
+            f"EPLB step mismatch at the rebalance of layer {handle.layer_idx}: ranks {bad} "
+            f"disagree with rank 0 ({detail}); every rank must call balancer.step() after "
+            "every forward, dummy ones included", ranks=bad)
+
+
+def rebalance_layer(handle: Any, layer: Any):
+    """Rebalance ``handle.layer_idx`` now. Collectives: step check (all-gather), window
+    all-reduce, point-to-point weight sends. Host syncs: yes (rebalance steps only).
+    Returns ``MigrationStats`` or None when the window is empty."""
+    from eplb.balancer import MigrationStats
+    from eplb.policy import rebalance
+
+    owner, cfg, lid = handle.owner, handle.owner.config, handle.layer_idx
+    t0 = time.perf_counter()
+    comm = layer.communicator
+    distributed = layer.mapping.world_size > 1
+    if distributed:
+        _check_steps(handle, layer)
+    load = (owner.window[lid].sum(dim=0) + owner.current[lid]).clone()
+    if distributed:
+        comm.all_reduce(load, phase="eplb.window").wait()
+    if int(load.sum()) == 0:  # NOTE: host sync; empty window: keep the placement
+        return None
+    old = owner.phy2log[lid].cpu()
+    placement = rebalance(load.cpu()[None], cfg.num_slots, cfg.num_groups, cfg.num_nodes,
+                          cfg.num_ranks, old_phy2log=old[None])
+    new = placement.phy2log[0]
+    plan = plan_migration(old.tolist(), new.tolist(), cfg.slots_per_rank)
+    rank = layer.mapping.rank
+    lo = layer.slot_start
+    w13, w2 = layer.w13, layer.w2
+
+    def packed(slot: int) -> torch.Tensor:
+        return torch.cat([w13[slot - lo].reshape(-1), w2[slot - lo].reshape(-1)])
+
+    numel13 = w13[0].numel()
+    sends, recvs, local = [], [], []
+    for dest, src in plan.moves:
+        d_rank, s_rank = plan.rank_of(dest), plan.rank_of(src)
+        if d_rank == s_rank == rank:
+            local.append((dest, packed(src).clone()))
+        elif s_rank == rank:
+            sends.append((packed(src).contiguous(), d_rank, dest))
+        elif d_rank == rank:
+            buf = torch.empty(numel13 + w2[0].numel(), dtype=w13.dtype, device=w13.device)
+            recvs.append((buf, s_rank, dest))
+    if distributed:
+        comm.batch_p2p(sends, recvs, phase="eplb.migrate").wait()
+    with torch.no_grad():
+        for dest, buf in local + [(dest, buf) for buf, _, dest in recvs]:
+            w13[dest - lo].copy_(buf[:numel13].view_as(w13[0]))
+            w2[dest - lo].copy_(buf[numel13:].view_as(w2[0]))
+        owner.phy2log[lid].copy_(placement.phy2log[0])
+        width = owner.log2phy.shape[2]
+        owner.log2phy[lid].fill_(-1)
+        owner.log2phy[lid, :, : placement.log2phy.shape[2]].copy_(
+            placement.log2phy[0][:, :width])
+        owner.logcnt[lid].copy_(placement.logcnt[0])
+    if w13.is_cuda:
+        handle._migration_event = torch.cuda.Event()
+        handle._migration_event.record()
+    per_slot = (numel13 + w2[0].numel()) * w13.element_size()
+    return MigrationStats(layer=lid, step=handle.model_step(), slots_changed=len(plan.moves),
+                          bytes_moved=len(plan.moves) * per_slot,
+                          full_reload_bytes=cfg.num_slots * per_slot,
+                          seconds=time.perf_counter() - t0)
