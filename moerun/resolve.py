@@ -13,6 +13,7 @@ from typing import Any
 
 from moerun.backends import Backend, backend_candidates, backend_class
 from moerun.backends.base import Deployment, Problem, RejectReason, SchedulerKind
+from moerun.backends.selection import preferred_order
 from moerun.comm import CommStrategy, strategy_candidates, strategy_class
 from moerun.env import Env
 from moerun.shared_expert import SharedExpertOrder
@@ -44,6 +45,7 @@ class ResolutionReport:
         rejected: every candidate not chosen, with reason.
         fallbacks: runtime replacements (e.g. an infeasible strategy replaced permanently).
         env: one-line description of the probed environment.
+        notes: how the choice was made (e.g. the bench-table row that ordered the backends).
     """
 
     backend: str
@@ -56,6 +58,7 @@ class ResolutionReport:
     rejected: tuple[Rejection, ...] = ()
     fallbacks: tuple[str, ...] = ()
     env: str = ""
+    notes: tuple[str, ...] = ()
 
     def with_fallback(self, strategy_cls: type[CommStrategy], note: str) -> "ResolutionReport":
         """A copy recording a permanent strategy replacement."""
@@ -72,6 +75,7 @@ class ResolutionReport:
             f"  workspace per chunk: {self.workspace_bytes_per_chunk / 2**20:.2f} MiB",
             f"  environment:         {self.env}",
         ]
+        lines += [f"  note:                {n}" for n in self.notes]
         if self.rejected:
             lines.append("  not chosen:")
             lines += [f"    {r.kind} {r.name}: {r.reason.value} ({r.detail})"
@@ -129,7 +133,18 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
     Raises ValueError when a requested candidate cannot run, naming the reason.
     """
     rejected: list[Rejection] = []
-    backend_cls = _pick("backend", backend, backend_candidates(), backend_class, problem,
+    candidates = backend_candidates()
+    notes: tuple[str, ...] = ()
+    if backend == "auto":
+        pref = preferred_order(problem, env)
+        if pref is not None:  # the shipped bench table ranks backends for this shape/device
+            ranked = [c for name in pref.order for c in candidates if c.name == name]
+            candidates = ranked + [c for c in candidates if c not in ranked]
+            notes = (f"backend order from {pref.detail}",)
+        else:
+            notes = ("backend order: default priority (no bench-table row for this shape, "
+                     "dtype and device)",)
+    backend_cls = _pick("backend", backend, candidates, backend_class, problem,
                         deployment, env, rejected)
     if not deployment.divisible and not backend_cls.supports_non_divisible_ep:
         raise ValueError(f"backend {backend_cls.name} does not support num_slots % ep_size != 0")
@@ -157,4 +172,4 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
         strategy_cls=strategy_cls, scheduler="ExternalCommScheduler",
         shared_expert_order=order,
         workspace_bytes_per_chunk=backend_cls().workspace_bytes(problem, max_chunk_rows),
-        rejected=tuple(rejected), env=env.describe())
+        rejected=tuple(rejected), env=env.describe(), notes=notes)

@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--from-json", default=None, metavar="PATH",
                    help="re-analyse a saved --out file (peers, lines, markdown) without running")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    g.add_argument("--write-selection", default=None, metavar="PATH",
+                   help="with --from-json or --out: write the backend selection table that "
+                        "resolve reads (moerun/backends/bench_table.json)")
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -177,6 +180,26 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
     error. Side effects: allocates each shape's weights on the device (deepseek-v3 bf16:
     22.5 GB), writes ``--out`` / ``--write-results`` files. Host syncs: many.
     """
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    status = _from_json(args, out, err) if args.from_json else _run_matrix(args, out, err)
+    if getattr(args, "write_selection", None) and status != 2:
+        source = args.from_json or args.out
+        if source is None:
+            print("moerun bench: --write-selection needs --from-json or --out", file=err)
+            return 2
+        from moerun.backends.selection import selection_table
+
+        with open(source) as f:
+            table = selection_table(json.load(f))
+        with open(args.write_selection, "w") as f:
+            json.dump(table, f, indent=1)
+            f.write("\n")
+        print(f"wrote {args.write_selection}", file=out)
+    return status
+
+
+def _run_matrix(args: argparse.Namespace, out, err) -> int:
     from moerun.bench.analysis import analyze_cell
     from moerun.bench.ceilings import measure_ceilings, parse_ceilings
     from moerun.bench.matrix import BenchSettings, backend_names_for, run_matrix
@@ -185,10 +208,6 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
     from moerun.bench.shapes import parse_shapes, parse_tokens
     from moerun.env import get_env
 
-    out = out if out is not None else sys.stdout
-    err = err if err is not None else sys.stderr
-    if args.from_json:
-        return _from_json(args, out, err)
     try:
         shapes = parse_shapes(args.shapes)
         tokens = parse_tokens(args.tokens)

@@ -1,0 +1,66 @@
+"""Backend choice from the shipped bench table (resolve, DESIGN 6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+
+from moerun.backends.base import Deployment, Problem
+from moerun.backends.selection import preferred_order, selection_table
+from moerun.config import Activation
+from moerun.env import probe_env
+from moerun.resolve import resolve
+
+H200 = dataclasses.replace(probe_env(), cuda_available=True, device_capability=(9, 0),
+                           device_name="NVIDIA H200", num_gpus=1, triton_version="3.6.0",
+                           triton_interpret=False, has_grouped_mm=True)
+DEP = Deployment(rank=0, world_size=1, comm_backend="none", num_local_slots=128, divisible=True)
+
+
+def _problem(e=128, k=8, h=2048, i=768, dtype=torch.bfloat16, device="cuda"):
+    return Problem(num_experts=e, num_slots=e, top_k=k, hidden_size=h, intermediate_size=i,
+                   dtype=dtype, activation=Activation.SILU_GLU, device_type=device)
+
+
+def _bench(ratios):
+    """A minimal ``moerun bench --out`` document: ratios[backend] = per-cell floor/time."""
+    cells = []
+    for t, i in enumerate(range(len(next(iter(ratios.values()))))):
+        cells.append({"shape": "toy", "E": 4, "k": 2, "H": 64, "I": 32, "T": t,
+                      "backends": {b: {"serving_floor_ratio": r[i], "ok": True}
+                                   for b, r in ratios.items()}})
+    return {"command": "moerun bench --shapes toy", "date": "2026-11-29 10:00 UTC",
+            "device": "NVIDIA H200 (sm90), torch 2.11", "dtype": "bfloat16", "cells": cells}
+
+
+def test_selection_table_orders_by_geomean(tmp_path):
+    # geomean: a = sqrt(0.9*0.1) = 0.3, b = sqrt(0.4*0.4) = 0.4 -> b first despite a's best cell
+    table = selection_table(_bench({"a": [0.9, 0.1], "b": [0.4, 0.4]}))
+    row = table["rows"][0]
+    assert row["order"] == ["b", "a"] and row["geomean"] == [0.4, 0.3]
+    assert table["device_name"] == "NVIDIA H200"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    pref = preferred_order(_problem(4, 2, 64, 32), H200, path=path)
+    assert pref.order == ("b", "a") and "geomean floor/time b 0.400, a 0.300" in pref.detail
+    # no row for another shape, dtype, device type or device name
+    assert preferred_order(_problem(), H200, path=path) is None
+    assert preferred_order(_problem(4, 2, 64, 32, dtype=torch.float16), H200, path=path) is None
+    assert preferred_order(_problem(4, 2, 64, 32, device="cpu"), H200, path=path) is None
+    other = dataclasses.replace(H200, device_name="NVIDIA A100")
+    assert preferred_order(_problem(4, 2, 64, 32), other, path=path) is None
+
+
+def test_resolve_uses_the_shipped_table_for_benchmarked_shapes():
+    report = resolve(_problem(), DEP, H200)
+    assert report.backend == "triton"
+    assert any("bench table" in n and "qwen3-30b-a3b" in n for n in report.notes)
+    assert "note:" in str(report)
+    # an unbenchmarked shape falls back to the default priority, and says so
+    report = resolve(_problem(e=16, h=256, i=128), DEP, H200)
+    assert report.backend == "triton"
+    assert any("default priority" in n for n in report.notes)
+    # an explicit name is not reordered
+    assert resolve(_problem(), DEP, H200, backend="grouped_mm").backend == "grouped_mm"
