@@ -235,6 +235,7 @@ class LayerBalancer:
         self._recording = not owner.static
         self._layer: Any = None
         self._migration_event: Any = None
+        self._experts_done: list[Any] = []
 
     # -- binding -------------------------------------------------------------------------
     def bind(self, layer: Any) -> None:
@@ -281,10 +282,8 @@ class LayerBalancer:
         return torch.where(topk_ids < 0, torch.full_like(slots, -1), slots).to(torch.int32)
 
     def start_set_cpu(self) -> None:
-        if torch.cuda.is_available() and self._layer is not None \
-                and self._layer.device.type == "cuda":
-            self._migration_ready = torch.cuda.Event()
-            self._migration_ready.record()
+        """Record an event after the last ``run_experts`` on every stream the layer used."""
+        self._experts_done = [] if self._layer is None else self._layer.streams.record_events()
 
     def model_step(self) -> int:
         """The model step of the forward in progress, from the layer's own forward counter.

@@ -67,9 +67,20 @@ def _check_steps(handle: Any, layer: Any) -> None:
 
 
 def rebalance_layer(handle: Any, layer: Any):
-    """Rebalance ``handle.layer_idx`` now. Collectives: step check (all-gather), window
-    all-reduce, point-to-point weight sends. Host syncs: yes (rebalance steps only).
-    Returns ``MigrationStats`` or None when the window is empty."""
+    """Rebalance ``handle.layer_idx`` now, on the layer's main stream after it waited on the
+    events ``start_set_cpu`` recorded on every stream the layer used. Collectives: step check
+    (all-gather), window all-reduce, point-to-point weight sends. Host syncs: yes (rebalance
+    steps only). Returns ``MigrationStats`` or None when the window is empty."""
+    main = layer.streams.main
+    if main is None:
+        return _rebalance_layer(handle, layer)
+    with torch.cuda.stream(main):
+        for ev in handle._experts_done:
+            main.wait_event(ev)
+        return _rebalance_layer(handle, layer)
+
+
+def _rebalance_layer(handle: Any, layer: Any):
     from eplb.balancer import MigrationStats
     from eplb.policy import rebalance
 

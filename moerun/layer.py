@@ -24,6 +24,7 @@ from moerun.mapping import Mapping, slot_partition
 from moerun.resolve import ResolutionReport, resolve
 from moerun.routing import Routed, route
 from moerun.shared_expert import SharedExpert
+from moerun.streams import LayerStreams
 from schedulers import ExternalCommScheduler
 from traces import Tracer
 
@@ -46,6 +47,8 @@ class ConfigurableMoE(nn.Module):
         repeat_count: forwards of this layer per model step (EPLB hook gating).
         device: where weights live (default: CUDA if available, else CPU).
         recorder: optional ``traces.ScheduleRecorder`` fed with every phase.
+        chunk_overlap: on CUDA with > 1 chunk and a non-host-synchronising strategy, run even
+            chunks on the layer's aux stream (DESIGN 4.1 step 6). Off = chunks in order.
 
     Weights are allocated for this rank's slots and must be filled with :meth:`load_weights`
     before the first forward.
@@ -55,7 +58,8 @@ class ConfigurableMoE(nn.Module):
                  backend: str | Backend = "auto", comm: str | type[CommStrategy] = "auto",
                  shared_expert_order: str = "auto", balancer: Any = None,
                  layer_idx: int | None = None, repeat_count: int = 1,
-                 device: torch.device | str | None = None, recorder: Any = None) -> None:
+                 device: torch.device | str | None = None, recorder: Any = None,
+                 chunk_overlap: bool = True) -> None:
         super().__init__()
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
@@ -81,6 +85,8 @@ class ConfigurableMoE(nn.Module):
         self.repeat_idx = 0
         self.step = 0
         self.recorder = recorder
+        self.chunk_overlap = bool(chunk_overlap)
+        self.streams = LayerStreams(self.device)
         self.balancer = NullLayerBalancer(config.num_experts) if balancer is None else balancer
         num_slots = self.balancer.num_slots
         self.partition = slot_partition(num_slots, mapping.ep_size)
@@ -142,7 +148,8 @@ class ConfigurableMoE(nn.Module):
           5. per chunk: [eplb.start_wait_gpu] route [eplb.done_wait_gpu]
              eplb.update_statistic eplb.route dispatch experts [eplb.start_set_cpu] combine
              [eplb.done_set_cpu]; ``input_ready_event`` waited just before x is first read;
-          6. (chunk overlap on an aux stream: not implemented yet; chunks run in order);
+          6. chunk overlap (CUDA, > 1 chunk, collective strategy): even chunks on the aux
+             stream, odd on main, event join;
           7. strip padding, add the shared expert, return.
 
         Side effects: collectives over ``mapping.group`` (dp > 1), host syncs for

@@ -1,8 +1,15 @@
 """``ExternalCommScheduler``: the host issues dispatch and combine (DESIGN 4.1).
 
 Stateless: ``forward`` reads the layer (config, mapping, routing, backend, strategy,
-balancer, shared expert, recorder) and changes it only through the named mutator
-``layer.replace_strategy`` (permanent fallback). Chunks run in order on the current stream.
+balancer, shared expert, recorder, streams) and changes it only through the named mutator
+``layer.replace_strategy`` (permanent fallback).
+
+Chunk overlap (4.1 step 6): on CUDA, with more than one chunk and a strategy that is not
+host-synchronising (``NoComm``, ``AllGatherReduceScatter``; not ``AllToAll``), even chunks run
+on the layer's aux stream and odd chunks on the main stream, each with its own tensors
+(workspaces); the main stream joins the aux stream before the output is assembled, and
+tensors crossing streams are ``record_stream``-ed outside graph capture. Otherwise chunks run
+in order on the current stream.
 
 Per chunk, in issue order (``[...]`` gated, DESIGN 8):
     [eplb.start_wait_gpu] -> route -> [eplb.done_wait_gpu] -> eplb.update_statistic ->
@@ -15,6 +22,7 @@ Legend: ``T`` local tokens, ``P`` local rows after DP padding, ``n`` rows of one
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
@@ -64,20 +72,35 @@ class ExternalCommScheduler:
         if plan.padded:
             with tracer.phase("pad"):
                 router_logits = _pad_rows(router_logits, plan.local_rows)
-        x_rows: list[torch.Tensor | None] = [None]  # x, padded after routing (4.1 step 2)
+        overlap = self.use_chunk_overlap(layer, plan, strategy)
+        layer.streams.begin_forward(overlap)
+        x_state: dict[str, Any] = {}  # x, padded after routing (4.1 step 2), and its event
 
         def ready_x() -> torch.Tensor:
-            if x_rows[0] is None:
+            if "x" not in x_state:
                 _wait_input_ready(input_ready_event)  # 4.2: just before x is first read
                 if plan.padded:
                     with tracer.phase("pad"):
-                        x_rows[0] = _pad_rows(x, plan.local_rows)
+                        x_state["x"] = _pad_rows(x, plan.local_rows)
                 else:
-                    x_rows[0] = x
-            return x_rows[0]
+                    x_state["x"] = x
+                if overlap:  # the other stream waits for this stream's x before reading it
+                    x_state["stream"] = torch.cuda.current_stream()
+                    x_state["event"] = torch.cuda.Event()
+                    x_state["event"].record()
+            elif overlap and x_state["stream"] != torch.cuda.current_stream():
+                torch.cuda.current_stream().wait_event(x_state["event"])
+            return x_state["x"]
 
-        outs = [self._run_chunk(layer, strategy, plan, c, router_logits, ready_x, tracer)
-                for c in range(plan.num_chunks)]
+        outs = []
+        for c in range(plan.num_chunks):
+            on_aux = overlap and c % 2 == 0
+            ctx = torch.cuda.stream(layer.streams.aux) if on_aux else contextlib.nullcontext()
+            with ctx:
+                outs.append(self._run_chunk(layer, strategy, plan, c, router_logits, ready_x,
+                                            tracer, role="aux" if on_aux else "main"))
+        if overlap:
+            self._join_aux(layer, outs, [router_logits, x_state.get("x")])
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         out = out[: plan.num_tokens]  # strip DP padding (4.1 step 7)
         if layer.shared_expert is not None:
@@ -86,6 +109,28 @@ class ExternalCommScheduler:
         return out
 
     # -- steps ---------------------------------------------------------------------------
+    @staticmethod
+    def use_chunk_overlap(layer: Any, plan: ForwardPlan, strategy: Any) -> bool:
+        """4.1 step 6 applies: CUDA, > 1 chunk, a strategy without host syncs, enabled on
+        the layer. Rank-identical (plan and strategy are)."""
+        return (layer.chunk_overlap and layer.device.type == "cuda"
+                and plan.num_chunks > 1 and strategy.capturable)
+
+    @staticmethod
+    def _join_aux(layer: Any, outs: list[torch.Tensor], shared: list[Any]) -> None:
+        """Main waits on aux; tensors used across streams are kept alive for both (outside
+        capture: ``record_stream`` is not allowed while capturing)."""
+        main, aux = layer.streams.main, layer.streams.aux
+        main.wait_stream(aux)
+        if torch.cuda.is_current_stream_capturing():
+            return
+        for c, t in enumerate(outs):
+            if c % 2 == 0:
+                t.record_stream(main)
+        for t in shared:
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                t.record_stream(aux)
+
     @staticmethod
     def agree_counts(layer: Any, x: Any, router_logits: Any,
                      all_rank_num_tokens: Sequence[int] | None) -> tuple[int, ...]:
@@ -130,7 +175,8 @@ class ExternalCommScheduler:
         return weights, ids
 
     def _run_chunk(self, layer: Any, strategy: Any, plan: ForwardPlan, c: int,
-                   router_logits: torch.Tensor, ready_x, tracer: Tracer) -> torch.Tensor:
+                   router_logits: torch.Tensor, ready_x, tracer: Tracer,
+                   role: str = "main") -> torch.Tensor:
         cfg = layer.config
         bal = layer.balancer
         first = c == 0 and layer.repeat_idx == 0
@@ -138,17 +184,17 @@ class ExternalCommScheduler:
         lo, hi = plan.chunk_bounds(c)
         with tracer.chunk(c):
             if first:
-                with tracer.phase("eplb.start_wait_gpu"):
+                with tracer.phase("eplb.start_wait_gpu", stream=role):
                     bal.start_wait_gpu()
-            with tracer.phase("route"):
+            with tracer.phase("route", stream=role):
                 weights, ids = self._route_chunk(layer, router_logits[lo:hi], lo,
                                                  plan.num_tokens)
             if first:
-                with tracer.phase("eplb.done_wait_gpu"):
+                with tracer.phase("eplb.done_wait_gpu", stream=role):
                     bal.done_wait_gpu()
-            with tracer.phase("eplb.update_statistic"):
+            with tracer.phase("eplb.update_statistic", stream=role):
                 bal.update_statistic(ids)
-            with tracer.phase("eplb.route"):
+            with tracer.phase("eplb.route", stream=role):
                 slot_ids = bal.route(ids, plan.rank_offset + lo)
             x_chunk = ready_x()[lo:hi]
             if cfg.apply_router_weight_on_input:
@@ -159,20 +205,20 @@ class ExternalCommScheduler:
                 prepared = strategy.prepare_dispatch(slot_ids, plan.chunks[c])
                 dispatched = strategy.dispatch(x_chunk, slot_ids, weights, prepared=prepared,
                                                async_op=True)
-            with tracer.phase("dispatch.wait"):
+            with tracer.phase("dispatch.wait", stream=role):
                 dispatched.wait()
-            with tracer.phase("experts"):
+            with tracer.phase("experts", stream=role):
                 expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
                                                        dispatched.topk_weights,
                                                        dispatched.topk_ids)
             if last:
-                with tracer.phase("eplb.start_set_cpu"):
+                with tracer.phase("eplb.start_set_cpu", stream=role):
                     bal.start_set_cpu()
             with tracer.phase("combine", stream="comm"):
                 handle = strategy.combine(expert_out, dispatched, async_op=True)
-            with tracer.phase("combine.wait"):
+            with tracer.phase("combine.wait", stream=role):
                 out = handle.wait()
             if last:
-                with tracer.phase("eplb.done_set_cpu"):
+                with tracer.phase("eplb.done_set_cpu", stream=role):
                     bal.done_set_cpu()
         return out

@@ -1,7 +1,7 @@
 """EPLB on the GPU: migration at every forward, two chunks, outputs equal the reference.
 
-Chunks run in order on the current stream (aux-stream chunk overlap, DESIGN 4.1 step 6, is not
-built yet), so this checks stream-safe in-place migration and event ordering on one stream.
+Two chunks run overlapped (chunk 0 on the layer's aux stream, chunk 1 on main, DESIGN 4.1 step
+6), so migration must wait on both streams' events before rewriting the weights.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from eplb import EPLBConfig, LoadBalancer
 from moerun import ConfigurableMoE, MoEConfig
 from moerun.testing import make_case, reference_output, rel_err
+from traces import ScheduleRecorder
 
 
 @pytest.mark.gpu
@@ -25,7 +26,9 @@ def test_migration_every_forward_matches_reference(dtype, bound):
                                   window_size=1, rebalance_interval=1), device=dev)
     steps, tokens = 8, 40
     case = make_case(cfg, steps * tokens, 7)
-    with ConfigurableMoE(cfg, balancer=bal.layer(0), layer_idx=0, device=dev) as layer:
+    rec = ScheduleRecorder()
+    with ConfigurableMoE(cfg, balancer=bal.layer(0), layer_idx=0, device=dev,
+                         recorder=rec) as layer:
         layer.load_weights(case.w13.to(dev), case.w2.to(dev))
         placements = set()
         for step in range(steps):
@@ -40,3 +43,4 @@ def test_migration_every_forward_matches_reference(dtype, bound):
             placements.add(tuple(bal.placement().phy2log[0].tolist()))
         assert len(bal.migrations) >= steps - 1
         assert len(placements) > 1
+    assert {e.stream for e in rec.events if e.phase == "experts"} == {"aux", "main"}
