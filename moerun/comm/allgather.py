@@ -15,12 +15,13 @@ from typing import ClassVar
 
 import torch
 
-from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
+from moerun.backends.base import Deployment, Eligibility, Problem
 from moerun.comm.base import (
     CombineHandle,
     CommStrategy,
     DispatchResult,
     PreparedDispatch,
+    multi_rank_only,
     to_local_slot_ids,
 )
 from moerun.env import Env
@@ -46,9 +47,7 @@ class AllGatherReduceScatter(CommStrategy):
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
-        if deployment.world_size < 2:
-            return Eligibility.no(RejectReason.TOPOLOGY, "needs >= 2 ranks (NoComm covers one)")
-        return Eligibility.yes()
+        return multi_rank_only(deployment)
 
     def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
                  async_op: bool = False) -> DispatchResult:

@@ -17,13 +17,14 @@ from typing import ClassVar
 
 import torch
 
-from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
+from moerun.backends.base import Deployment, Eligibility, Problem
 from moerun.comm.base import (
     ChunkCounts,
     CombineHandle,
     CommStrategy,
     DispatchResult,
     PreparedDispatch,
+    multi_rank_only,
 )
 from moerun.env import Env
 
@@ -59,9 +60,7 @@ class AllToAll(CommStrategy):
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
-        if deployment.world_size < 2:
-            return Eligibility.no(RejectReason.TOPOLOGY, "needs >= 2 ranks (NoComm covers one)")
-        return Eligibility.yes()
+        return multi_rank_only(deployment)
 
     def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts) -> PreparedDispatch:
         owner = self.partition.owner_of(topk_ids)  # [n, K], -1 for padded/-1 ids

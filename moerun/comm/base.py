@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from moerun.backends.base import Deployment, Eligibility, Problem
+from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
 from moerun.comm.communicator import Communicator, Pending
 from moerun.env import Env
 from moerun.mapping import SlotPartition
@@ -27,6 +27,7 @@ __all__ = [
     "CombineHandle",
     "CommStrategy",
     "to_local_slot_ids",
+    "multi_rank_only",
 ]
 
 
@@ -104,6 +105,13 @@ class CombineHandle:
             self._finish = None
         assert self._out is not None
         return self._out
+
+
+def multi_rank_only(deployment: Deployment) -> Eligibility:
+    """``can_implement`` of the strategies that need a group: >= 2 ranks (NoComm covers one)."""
+    if deployment.world_size < 2:
+        return Eligibility.no(RejectReason.TOPOLOGY, "needs >= 2 ranks (NoComm covers one)")
+    return Eligibility.yes()
 
 
 def to_local_slot_ids(slot_ids: torch.Tensor, start: int, num_local: int) -> torch.Tensor:
