@@ -159,6 +159,7 @@ class LoadBalancer:
         self.current = torch.zeros(layers, e, dtype=torch.int64, device=self.device)
         self.step_idx = 0
         self.migrations: list[MigrationStats] = []
+        self.last_global_load: list[torch.Tensor | None] = [None] * layers
         self._layers: dict[int, LayerBalancer] = {}
 
     @property
@@ -192,22 +193,33 @@ class LoadBalancer:
         return self.window.sum(dim=1) + self.current
 
     def metrics(self) -> dict[str, Any]:
-        """Per-layer max/mean rank load over the window, with this rank's counts (host sync).
+        """Per-layer max/mean rank load under the current placement (host sync; no collective).
 
-        Returns ``{"max_over_mean": [L] floats, "max_migration_s": float,
-        "bytes_moved": int, "migrations": int}``.
+        ``max_over_mean`` uses this rank's own window (every rank sees its own tokens);
+        ``global_max_over_mean`` uses the all-reduced window of each layer's last rebalance
+        (None before the first). Also ``max_migration_s`` (the largest stall),
+        ``bytes_moved`` and ``migrations`` over the balancer's life.
         """
-        load = self.window_load().cpu().to(torch.float64)  # NOTE: host sync
-        cnt = self.logcnt.cpu().to(torch.float64)
-        per_slot = load.gather(1, self.phy2log.cpu()) / cnt.gather(1, self.phy2log.cpu())
-        per_rank = per_slot.view(self.config.num_layers, self.config.num_ranks, -1).sum(-1)
-        mean = per_rank.mean(dim=1)
-        ratio = torch.where(mean > 0, per_rank.max(dim=1).values / mean.clamp_min(1e-30),
-                            torch.ones_like(mean))
-        return {"max_over_mean": ratio.tolist(),
+        glob = [None if g is None else self._max_over_mean(g[None], layer)[0]
+                for layer, g in enumerate(self.last_global_load)]
+        return {"max_over_mean": self._max_over_mean(self.window_load().cpu()),
+                "global_max_over_mean": glob,
                 "max_migration_s": max((m.seconds for m in self.migrations), default=0.0),
                 "bytes_moved": sum(m.bytes_moved for m in self.migrations),
                 "migrations": len(self.migrations)}
+
+    def _max_over_mean(self, load_le: torch.Tensor, layer: int | None = None) -> list[float]:
+        """max/mean rank load of ``load_le [L, E]`` (or one layer's ``[1, E]``)."""
+        rows = slice(None) if layer is None else slice(layer, layer + 1)
+        load = load_le.to(torch.float64)
+        phy2log = self.phy2log[rows].cpu()  # NOTE: host sync
+        cnt = self.logcnt[rows].cpu().to(torch.float64)
+        per_slot = load.gather(1, phy2log) / cnt.gather(1, phy2log)
+        per_rank = per_slot.view(load.shape[0], self.config.num_ranks, -1).sum(-1)
+        mean = per_rank.mean(dim=1)
+        ratio = torch.where(mean > 0, per_rank.max(dim=1).values / mean.clamp_min(1e-30),
+                            torch.ones_like(mean))
+        return ratio.tolist()
 
     def dump_stats(self, path: str | Path) -> None:
         """Write the window as a load file: ``[W, L, E]`` token counts, oldest step first

@@ -93,6 +93,7 @@ def _rebalance_layer(handle: Any, layer: Any):
     load = (owner.window[lid].sum(dim=0) + owner.current[lid]).clone()
     if distributed:
         comm.all_reduce(load, phase="eplb.window").wait()
+    owner.last_global_load[lid] = load.cpu()
     if int(load.sum()) == 0:  # NOTE: host sync; empty window: keep the placement
         return None
     old = owner.phy2log[lid].cpu()

@@ -89,6 +89,7 @@ def test_metrics_and_dump_stats(tmp_path):
     # rank0 load = 1.5 + 0.5 + 0 = 2, rank1 = 0 + 1.5 + 0.5 = 2 -> 1.0
     assert m["max_over_mean"][1] == pytest.approx(1.0)
     assert m["max_over_mean"][0] == 1.0  # empty window
+    assert m["global_max_over_mean"] == [None, None]  # no rebalance yet
     bal.dump_stats(tmp_path / "w.json")
     data = json.loads((tmp_path / "w.json").read_text())
     assert len(data) == 3 and data[-1][1] == [3, 1, 0, 0]  # [W, L, E], newest last
@@ -142,6 +143,7 @@ def test_single_rank_rebalance_changes_placement_output_unchanged():
     assert after.phy2log.tolist() != before
     assert int(after.logcnt[0, 2]) >= 2  # the hot expert got replicas
     assert len(bal.migrations) == 3 and bal.migrations[0].step == 1
+    assert bal.metrics()["global_max_over_mean"][0] < 1.05
 
 
 def test_plan_migration_prefers_local_copies():
