@@ -1,13 +1,16 @@
 """``LoadBalancer`` (model-wide) and ``LayerBalancer`` (per-layer hook handle), DESIGN 8.
 
-Timeline of one model step ``s`` for layer ``l`` (hooks called by the scheduler):
+Timeline of one model step ``s`` for layer ``l`` (hooks called by the scheduler, each with
+the forward's context ``ctx`` first):
   start_wait_gpu   current stream waits on the last migration's event (CUDA; no-op on CPU)
   done_wait_gpu    statistics recording on/off for this step (off with a static placement)
   update_statistic device counters += routed logical ids (every chunk of every repeat)
   route            logical id -> physical slot: replica ``(row_offset + row) mod logcnt``
-  start_set_cpu    record an event after the last ``run_experts`` on the current stream
+  start_set_cpu    record an event after the last ``run_experts`` on every stream the forward
+                   used, into ``ctx.experts_done``
   done_set_cpu     if layer ``l`` is due at step ``s``: step check, all-reduce the window,
-                   policy, migration (point-to-point sends + in-place ``copy_``)
+                   policy, migration (point-to-point sends + in-place ``copy_``), ordered after
+                   ``ctx.experts_done``, collectives on ``ctx.cursor``
 The engine calls ``balancer.step()`` after every forward (dummy ones too).
 
 Due steps are a pure function of (layer, step): layer ``l`` rebalances when
@@ -22,15 +25,17 @@ Legend: ``L`` layers, ``E`` logical experts, ``S`` slots, ``W`` window steps, ``
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from eplb.hooks import HookContext
+from eplb.migration import MigrationStats, rebalance_layer
 from eplb.placement import Placement, placement_from_phy2log
 from eplb.policy import default_placement
+from moerun.streams import record_events
 
 __all__ = ["EPLBConfig", "LoadBalancer", "LayerBalancer", "MigrationStats"]
 
@@ -95,20 +100,6 @@ class EPLBConfig:
         """Whether ``layer`` rebalances at ``step`` (pure; rank-identical)."""
         shifted = step - layer // self.layers_per_step
         return shifted >= 0 and shifted % self.rebalance_interval == self.rebalance_interval - 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class MigrationStats:
-    """One layer's migration: ``layer``, ``step``, ``slots_changed`` (all ranks),
-    ``bytes_moved`` (all ranks, point-to-point + local copies), ``full_reload_bytes``,
-    ``seconds`` (this rank's host time, the stall)."""
-
-    layer: int
-    step: int
-    slots_changed: int
-    bytes_moved: int
-    full_reload_bytes: int
-    seconds: float
 
 
 def load_placement_file(path: str | Path, num_experts: int, max_replicas: int) -> Placement:
@@ -238,7 +229,12 @@ class LoadBalancer:
 
 class LayerBalancer:
     """Per-layer hooks (``eplb.hooks.LayerBalancerHooks``). Bound to its layer with
-    :meth:`bind`, which ``ConfigurableMoE`` calls at construction."""
+    :meth:`bind`, which ``ConfigurableMoE`` calls at construction.
+
+    State kept across forwards (the layer's, for life): the bound layer, whether statistics
+    are recorded this step, the last migration's event. Nothing per forward."""
+
+    enabled = True
 
     def __init__(self, owner: LoadBalancer, layer_idx: int) -> None:
         self.owner = owner
@@ -247,11 +243,17 @@ class LayerBalancer:
         self._recording = not owner.static
         self._layer: Any = None
         self._migration_event: Any = None
-        self._experts_done: list[Any] = []
 
     # -- binding -------------------------------------------------------------------------
     def bind(self, layer: Any) -> None:
-        """Attach the ``ConfigurableMoE`` whose weights this handle migrates."""
+        """Attach the ``ConfigurableMoE`` whose weights this handle migrates.
+
+        Raises ValueError if this handle is already bound to another layer (one handle per
+        layer: a shared handle would migrate one layer's weights by the other's placement)."""
+        if self._layer is not None and self._layer is not layer:
+            raise ValueError(
+                f"balancer.layer({self.layer_idx}) is already bound to another "
+                "ConfigurableMoE; give each layer its own handle (balancer.layer(i) for layer i)")
         cfg = self.owner.config
         if layer.mapping.world_size != cfg.num_ranks:
             raise ValueError(f"EPLBConfig.num_ranks={cfg.num_ranks} but the layer's group has "
@@ -265,15 +267,16 @@ class LayerBalancer:
         return self.owner.phy2log[self.layer_idx, start:end].tolist()
 
     # -- hooks ---------------------------------------------------------------------------
-    def start_wait_gpu(self) -> None:
+    def start_wait_gpu(self, ctx: HookContext) -> None:
+        """The current stream waits on the last migration's event (CUDA; nothing on CPU)."""
         if self._migration_event is not None:
             torch.cuda.current_stream().wait_event(self._migration_event)
             self._migration_event = None
 
-    def done_wait_gpu(self) -> None:
+    def done_wait_gpu(self, ctx: HookContext) -> None:
         self._recording = not self.owner.static
 
-    def update_statistic(self, topk_ids: torch.Tensor) -> None:
+    def update_statistic(self, ctx: HookContext, topk_ids: torch.Tensor) -> None:
         """``counts[e] += #(t, j) with id e``; ``-1`` rows add nothing. Device-only."""
         if not self._recording or topk_ids.numel() == 0:
             return
@@ -281,7 +284,7 @@ class LayerBalancer:
         valid = (ids >= 0).to(torch.int64)
         self.owner.current[self.layer_idx].scatter_add_(0, ids.clamp_min(0), valid)
 
-    def route(self, topk_ids: torch.Tensor, row_offset: int) -> torch.Tensor:
+    def route(self, ctx: HookContext, topk_ids: torch.Tensor, row_offset: int) -> torch.Tensor:
         """Logical ``[n, K]`` -> physical slot ids ``[n, K]`` int32: replica
         ``(row_offset + row) mod logcnt[e]``; ``-1`` stays ``-1``. Device-only, graph-safe."""
         n = topk_ids.shape[0]
@@ -293,9 +296,10 @@ class LayerBalancer:
         slots = self.owner.log2phy[self.layer_idx][ids, replica]
         return torch.where(topk_ids < 0, torch.full_like(slots, -1), slots).to(torch.int32)
 
-    def start_set_cpu(self) -> None:
-        """Record an event after the last ``run_experts`` on every stream the layer used."""
-        self._experts_done = [] if self._layer is None else self._layer.streams.record_events()
+    def start_set_cpu(self, ctx: HookContext) -> None:
+        """Record an event after the last ``run_experts`` on every stream the forward used
+        (into ``ctx.experts_done``; none on CPU). No host sync."""
+        ctx.experts_done = record_events(ctx.streams)
 
     def model_step(self) -> int:
         """The model step of the forward in progress, from the layer's own forward counter.
@@ -304,13 +308,16 @@ class LayerBalancer:
         ``balancer.step()`` on one rank; the step check then catches that mismatch."""
         return self._layer.step // self._layer.repeat_count
 
-    def done_set_cpu(self) -> None:
+    def done_set_cpu(self, ctx: HookContext) -> None:
+        """If this layer is due now: rebalance (collectives on ``ctx.cursor``, host syncs)."""
         owner = self.owner
         if owner.static or self._layer is None \
                 or not owner.config.is_due(self.layer_idx, self.model_step()):
             return
-        from eplb.migration import rebalance_layer
-
-        stats = rebalance_layer(self, self._layer)
+        stats = rebalance_layer(self, self._layer, ctx)
         if stats is not None:
             owner.migrations.append(stats)
+
+    def set_migration_event(self, event: Any) -> None:
+        """Called by the migration: the next ``start_wait_gpu`` waits on ``event``."""
+        self._migration_event = event

@@ -3,44 +3,69 @@
 A scheduler calls, per chunk: ``start_wait_gpu`` (gated) -> routing -> ``done_wait_gpu``
 (gated) -> ``update_statistic`` -> ``route`` -> ... -> ``start_set_cpu`` (gated) -> combine ->
 ``done_set_cpu`` (gated). Gating (first chunk of the first repeat / last chunk of the last
-repeat) is the scheduler's job; a balancer just does what each hook means.
+repeat) is the scheduler's job; a balancer just does what each hook means. Every hook gets
+the forward's context first (:class:`HookContext`): per-forward state (the streams used, the
+collective cursor, the events recorded after the experts) lives there, never on the balancer.
+
+A balancer with ``enabled = False`` (:class:`NullLayerBalancer`) is not called at all: the
+scheduler emits no hook ranges and makes no hook calls for it (DESIGN 4.1 step 5).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["LayerBalancerHooks", "NullLayerBalancer"]
+__all__ = ["HookContext", "LayerBalancerHooks", "NullLayerBalancer"]
+
+
+class HookContext(Protocol):
+    """What a balancer hook may read and write of the scheduler's ``ForwardContext``.
+
+    ``streams``: the CUDA streams the forward issued work on, main first (``()`` on CPU).
+    ``cursor``: the forward's ``moerun.comm.CollectiveCursor`` (EPLB collectives issue on it).
+    ``experts_done``: events ``start_set_cpu`` records after the last ``run_experts``;
+    ``done_set_cpu`` orders the migration after them.
+    """
+
+    streams: tuple[Any, ...]
+    cursor: Any
+    experts_done: list[Any]
 
 
 class LayerBalancerHooks(Protocol):
     """What a layer needs from its load balancer.
 
+    ``enabled``: False = the scheduler skips every hook (no calls, no ranges).
     ``num_slots``: physical slots ``S`` (``== E`` without redundancy).
     ``local_experts(start, end)``: logical expert id held by each slot in ``[start, end)``.
-    ``update_statistic(topk_ids [n, K] int32 logical, -1 = padding)``: device counters.
-    ``route(topk_ids [n, K] logical, row_offset) -> [n, K] int32 physical slot ids`` (``-1``
-    kept), ``row_offset`` = global index of the chunk's first row (rank-identical formula).
+    ``update_statistic(ctx, topk_ids [n, K] int32 logical, -1 = padding)``: device counters.
+    ``route(ctx, topk_ids [n, K] logical, row_offset) -> [n, K] int32 physical slot ids``
+    (``-1`` kept), ``row_offset`` = global index of the chunk's first row (rank-identical).
     """
 
+    enabled: bool
     num_slots: int
 
     def local_experts(self, start: int, end: int) -> list[int]: ...
-    def start_wait_gpu(self) -> None: ...
-    def done_wait_gpu(self) -> None: ...
-    def update_statistic(self, topk_ids: torch.Tensor) -> None: ...
-    def route(self, topk_ids: torch.Tensor, row_offset: int) -> torch.Tensor: ...
-    def start_set_cpu(self) -> None: ...
-    def done_set_cpu(self) -> None: ...
+    def start_wait_gpu(self, ctx: HookContext) -> None: ...
+    def done_wait_gpu(self, ctx: HookContext) -> None: ...
+    def update_statistic(self, ctx: HookContext, topk_ids: torch.Tensor) -> None: ...
+    def route(self, ctx: HookContext, topk_ids: torch.Tensor,
+              row_offset: int) -> torch.Tensor: ...
+    def start_set_cpu(self, ctx: HookContext) -> None: ...
+    def done_set_cpu(self, ctx: HookContext) -> None: ...
 
 
 class NullLayerBalancer:
-    """No load balancing: slot ``s`` holds logical expert ``s``; every hook does nothing.
+    """No load balancing: slot ``s`` holds logical expert ``s``.
 
-    ``route`` returns the ids unchanged (int32). No host sync; graph-safe.
+    ``enabled`` is False, so the scheduler never calls its hooks; they exist (and do nothing)
+    so the seam stays a real class. ``route`` returns the ids unchanged. No host sync.
     """
+
+    enabled = False
 
     def __init__(self, num_experts: int) -> None:
         self.num_slots = num_experts
@@ -48,20 +73,20 @@ class NullLayerBalancer:
     def local_experts(self, start: int, end: int) -> list[int]:
         return list(range(start, end))
 
-    def start_wait_gpu(self) -> None:
+    def start_wait_gpu(self, ctx: HookContext) -> None:
         pass
 
-    def done_wait_gpu(self) -> None:
+    def done_wait_gpu(self, ctx: HookContext) -> None:
         pass
 
-    def update_statistic(self, topk_ids: torch.Tensor) -> None:
+    def update_statistic(self, ctx: HookContext, topk_ids: torch.Tensor) -> None:
         pass
 
-    def route(self, topk_ids: torch.Tensor, row_offset: int) -> torch.Tensor:
+    def route(self, ctx: HookContext, topk_ids: torch.Tensor, row_offset: int) -> torch.Tensor:
         return topk_ids
 
-    def start_set_cpu(self) -> None:
+    def start_set_cpu(self, ctx: HookContext) -> None:
         pass
 
-    def done_set_cpu(self) -> None:
+    def done_set_cpu(self, ctx: HookContext) -> None:
         pass

@@ -1,6 +1,7 @@
 """One layer's rebalance at a due step (DESIGN 8): step check, window all-reduce, policy,
 weight migration. Called from ``LayerBalancer.done_set_cpu`` on the forward thread, so every
-EPLB collective is issued in the same order on every rank.
+EPLB collective is issued in the same order on every rank. This module imports nothing from
+``eplb.balancer`` (the handle is duck-typed), so the two never import each other.
 
 Migration plan (pure function of the old and new ``phy2log`` rows, identical on every rank):
 for each slot ``s`` whose expert changes to ``e``, the source is a slot on ``s``'s own rank
@@ -17,9 +18,24 @@ from typing import Any
 
 import torch
 
+from eplb.policy import rebalance
 from moerun.errors import EPLBStepMismatch
 
-__all__ = ["MigrationPlan", "plan_migration", "rebalance_layer"]
+__all__ = ["MigrationPlan", "MigrationStats", "plan_migration", "rebalance_layer"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrationStats:
+    """One layer's migration: ``layer``, ``step``, ``slots_changed`` (all ranks),
+    ``bytes_moved`` (all ranks, point-to-point + local copies), ``full_reload_bytes``,
+    ``seconds`` (this rank's host time, the stall)."""
+
+    layer: int
+    step: int
+    slots_changed: int
+    bytes_moved: int
+    full_reload_bytes: int
+    seconds: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,12 +66,13 @@ def plan_migration(old: list[int], new: list[int], slots_per_rank: int) -> Migra
     return MigrationPlan(moves=tuple(moves), slots_per_rank=slots_per_rank)
 
 
-def _check_steps(handle: Any, layer: Any) -> None:
+def _check_steps(handle: Any, layer: Any, cursor: Any) -> None:
     owner = handle.owner
     counts = [owner.step_idx] + [
         owner._layers[i]._layer.step if i in owner._layers and owner._layers[i]._layer
         is not None else -1 for i in range(owner.config.num_layers)]
-    gathered = layer.communicator.all_gather_object_ints(counts, phase="eplb.step_check")
+    gathered = layer.communicator.all_gather_object_ints(counts, phase="eplb.step_check",
+                                                         cursor=cursor)
     if any(g != gathered[0] for g in gathered):
         bad = [r for r, g in enumerate(gathered) if g != gathered[0]]
         detail = "; ".join(f"rank {r}: step {g[0]}, layer forwards {g[1:]}"
@@ -66,33 +83,31 @@ def _check_steps(handle: Any, layer: Any) -> None:
             "every forward, dummy ones included", ranks=bad)
 
 
-def rebalance_layer(handle: Any, layer: Any):
-    """Rebalance ``handle.layer_idx`` now, on the layer's main stream after it waited on the
-    events ``start_set_cpu`` recorded on every stream the layer used. Collectives: step check
-    (all-gather), window all-reduce, point-to-point weight sends. Host syncs: yes (rebalance
-    steps only). Returns ``MigrationStats`` or None when the window is empty."""
-    main = layer.streams.main
-    if main is None:
-        return _rebalance_layer(handle, layer)
+def rebalance_layer(handle: Any, layer: Any, ctx: Any) -> MigrationStats | None:
+    """Rebalance ``handle.layer_idx`` now, on the forward's main stream (``ctx.streams[0]``)
+    after it waited on ``ctx.experts_done`` (events ``start_set_cpu`` recorded on every stream
+    the forward used). Collectives (on ``ctx.cursor``): step check (all-gather), window
+    all-reduce, point-to-point weight sends. Host syncs: yes (rebalance steps only). Returns
+    :class:`MigrationStats`, or None when the window is empty."""
+    if not ctx.streams:
+        return _rebalance_layer(handle, layer, ctx.cursor)
+    main = ctx.streams[0]
     with torch.cuda.stream(main):
-        for ev in handle._experts_done:
+        for ev in ctx.experts_done:
             main.wait_event(ev)
-        return _rebalance_layer(handle, layer)
+        return _rebalance_layer(handle, layer, ctx.cursor)
 
 
-def _rebalance_layer(handle: Any, layer: Any):
-    from eplb.balancer import MigrationStats
-    from eplb.policy import rebalance
-
+def _rebalance_layer(handle: Any, layer: Any, cursor: Any) -> MigrationStats | None:
     owner, cfg, lid = handle.owner, handle.owner.config, handle.layer_idx
     t0 = time.perf_counter()
     comm = layer.communicator
     distributed = layer.mapping.world_size > 1
     if distributed:
-        _check_steps(handle, layer)
+        _check_steps(handle, layer, cursor)
     load = (owner.window[lid].sum(dim=0) + owner.current[lid]).clone()
     if distributed:
-        comm.all_reduce(load, phase="eplb.window").wait()
+        comm.all_reduce(load, phase="eplb.window", cursor=cursor).wait()
     owner.last_global_load[lid] = load.cpu()
     if int(load.sum()) == 0:  # NOTE: host sync; empty window: keep the placement
         return None
@@ -120,7 +135,7 @@ def _rebalance_layer(handle: Any, layer: Any):
             buf = torch.empty(numel13 + w2[0].numel(), dtype=w13.dtype, device=w13.device)
             recvs.append((buf, s_rank, dest))
     if distributed:
-        comm.batch_p2p(sends, recvs, phase="eplb.migrate").wait()
+        comm.batch_p2p(sends, recvs, phase="eplb.migrate", cursor=cursor).wait()
     with torch.no_grad():
         for dest, buf in local + [(dest, buf) for buf, _, dest in recvs]:
             w13[dest - lo].copy_(buf[:numel13].view_as(w13[0]))
@@ -132,8 +147,9 @@ def _rebalance_layer(handle: Any, layer: Any):
             placement.log2phy[0][:, :width])
         owner.logcnt[lid].copy_(placement.logcnt[0])
     if w13.is_cuda:
-        handle._migration_event = torch.cuda.Event()
-        handle._migration_event.record()
+        event = torch.cuda.Event()
+        event.record()
+        handle.set_migration_event(event)
     per_slot = (numel13 + w2[0].numel()) * w13.element_size()
     return MigrationStats(layer=lid, step=handle.model_step(), slots_changed=len(plan.moves),
                           bytes_moved=len(plan.moves) * per_slot,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from moerun.backends import Backend, backend_candidates, backend_class
-from moerun.backends.base import Deployment, Problem
+from moerun.capability import Deployment, Problem
 from moerun.config import SUPPORTED_DTYPES, Activation
 from moerun.env import get_env
 

@@ -15,14 +15,15 @@ from torch import nn
 
 from eplb import NullLayerBalancer
 from moerun.backends import Backend
-from moerun.backends.base import Deployment, Problem
+from moerun.capability import Deployment, Problem
 from moerun.comm import CommStrategy, Communicator
 from moerun.config import MoEConfig
+from moerun.custom_op import register_layer
 from moerun.env import get_env
 from moerun.errors import LayerClosedError
 from moerun.mapping import Mapping, slot_partition
 from moerun.resolve import ResolutionReport, resolve
-from moerun.routing import Routed, route
+from moerun.routing import Router
 from moerun.shared_expert import SharedExpert
 from moerun.streams import LayerStreams
 from schedulers import ExternalCommScheduler
@@ -41,6 +42,8 @@ class ConfigurableMoE(nn.Module):
         mapping: :class:`Mapping` (ranks and group); default: one rank.
         backend: ``"auto"``, ``"reference"``, ``"triton"``, ``"grouped_mm"`` or a Backend.
         comm: ``"auto"``, ``"none"``, ``"allgather"``, ``"alltoall"`` or a CommStrategy class.
+        router: ``"auto"`` (the fused routing kernel on CUDA, the torch twin elsewhere),
+            ``"torch"`` or ``"triton"``.
         shared_expert_order: ``"auto"`` or ``"sequential"`` (the only order implemented).
         balancer: a per-layer balancer handle (``eplb.LayerBalancerHooks``); default: none.
         layer_idx: for NVTX names (``L{layer_idx}``), timeouts and EPLB.
@@ -52,11 +55,17 @@ class ConfigurableMoE(nn.Module):
 
     Weights are allocated for this rank's slots and must be filled with :meth:`load_weights`
     before the first forward.
+
+    Compile and graphs (DESIGN 3): under ``torch.compile`` the forward is the single opaque
+    op ``torch.ops.moerun.moe_forward`` (Dynamo never traces the scheduler). Under CUDA-graph
+    capture the checks that need a device->host sync (the NaN/Inf scan of ``check_inputs``,
+    the agreed-validation gather) are skipped, so a single-rank forward and a multi-rank
+    ``AllGatherReduceScatter`` forward with given ``all_rank_num_tokens`` are capturable.
     """
 
     def __init__(self, config: MoEConfig, mapping: Mapping | None = None, *,
                  backend: str | Backend = "auto", comm: str | type[CommStrategy] = "auto",
-                 shared_expert_order: str = "auto", balancer: Any = None,
+                 router: str = "auto", shared_expert_order: str = "auto", balancer: Any = None,
                  layer_idx: int | None = None, repeat_count: int = 1,
                  device: torch.device | str | None = None, recorder: Any = None,
                  chunk_overlap: bool = True) -> None:
@@ -103,7 +112,7 @@ class ConfigurableMoE(nn.Module):
         backend_choice = type(backend) if isinstance(backend, Backend) else backend
         chunk_rows = config.max_num_tokens or 1
         self.report: ResolutionReport = resolve(
-            problem, deployment, get_env(), backend=backend_choice, comm=comm,
+            problem, deployment, get_env(), backend=backend_choice, comm=comm, router=router,
             shared_expert_order=shared_expert_order, max_chunk_rows=chunk_rows)
         if not self.partition.divisible and not self.report.strategy_cls.supports_non_divisible_ep:
             raise ValueError(f"comm strategy {self.report.strategy} does not support "
@@ -122,6 +131,7 @@ class ConfigurableMoE(nn.Module):
             nn.Parameter(torch.zeros(config.num_experts, dtype=torch.float32,
                                      device=self.device), requires_grad=False)
             if config.routing.uses_correction_bias else None)
+        self.router: Router = self.report.router_cls(config, self.e_score_correction_bias)
         self.shared_expert = (SharedExpert(h, config.shared_intermediate_size,
                                            gated=config.shared_expert_gate, dtype=config.dtype,
                                            device=self.device)
@@ -131,6 +141,7 @@ class ConfigurableMoE(nn.Module):
         bind = getattr(self.balancer, "bind", None)
         if bind is not None:  # a real balancer migrates this layer's weights in place
             bind(self)
+        self.layer_key = register_layer(self)  # for torch.ops.moerun.moe_forward
 
     # -- forward -------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor, *,
@@ -154,7 +165,11 @@ class ConfigurableMoE(nn.Module):
 
         Side effects: collectives over ``mapping.group`` (dp > 1), host syncs for
         validation/count gathering and AllToAll splits; advances ``repeat_idx`` and ``step``.
+        Under ``torch.compile`` it is the opaque op ``torch.ops.moerun.moe_forward``.
         """
+        if torch.compiler.is_compiling():
+            return self._compiled_forward(x, router_logits, all_rank_num_tokens,
+                                          use_dp_padding, input_ready_event)
         out = self.scheduler.forward(self, x, router_logits,
                                      all_rank_num_tokens=all_rank_num_tokens,
                                      use_dp_padding=use_dp_padding,
@@ -163,12 +178,18 @@ class ConfigurableMoE(nn.Module):
         self.step += 1
         return out
 
-    # -- pieces the scheduler reads ----------------------------------------------------------
-    def route(self, router_logits: torch.Tensor) -> Routed:
-        """Routing of ``[n, E]`` logits -> ``Routed(topk_weights [n,K] fp32, topk_ids [n,K])``."""
-        return route(router_logits, top_k=self.config.top_k, config=self.config.routing,
-                     correction_bias=self.e_score_correction_bias)
+    def _compiled_forward(self, x: torch.Tensor, router_logits: torch.Tensor,
+                          all_rank_num_tokens: Sequence[int] | None, use_dp_padding: bool,
+                          input_ready_event: Any) -> torch.Tensor:
+        """What Dynamo traces: one call of the opaque custom op (DESIGN 3)."""
+        if input_ready_event is not None:
+            raise ValueError("input_ready_event is not supported under torch.compile (the "
+                             "compiled graph orders x itself); pass None")
+        counts = None if all_rank_num_tokens is None else list(all_rank_num_tokens)
+        return torch.ops.moerun.moe_forward(x, router_logits, self.layer_key, counts,
+                                            bool(use_dp_padding))
 
+    # -- pieces the scheduler reads ----------------------------------------------------------
     def check_usable(self) -> None:
         """Raise :class:`LayerClosedError` if closed, poisoned or weights not loaded."""
         if self._closed:

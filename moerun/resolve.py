@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from moerun.backends import Backend, backend_candidates, backend_class
-from moerun.backends.base import Deployment, Problem, RejectReason, SchedulerKind
+from moerun.capability import Deployment, Problem, RejectReason, SchedulerKind
 from moerun.backends.selection import preferred_order
 from moerun.comm import CommStrategy, strategy_candidates, strategy_class
 from moerun.env import Env
+from moerun.routing.router import TorchRouter, TritonRouter, router_class
 from moerun.shared_expert import SharedExpertOrder
 
 __all__ = ["Rejection", "ResolutionReport", "resolve"]
@@ -23,7 +24,7 @@ __all__ = ["Rejection", "ResolutionReport", "resolve"]
 
 @dataclass(frozen=True, kw_only=True)
 class Rejection:
-    """A candidate that was not chosen: ``kind`` ("backend"/"comm"/"shared"), ``name``,
+    """A candidate that was not chosen: ``kind`` ("backend"/"comm"/"router"/"shared"), ``name``,
     ``reason`` (closed enum), ``detail``."""
 
     kind: str
@@ -39,6 +40,8 @@ class ResolutionReport:
     Fields:
         backend: chosen backend name. backend_cls: its class.
         strategy: chosen communication strategy name. strategy_cls: its class.
+        router: chosen router name (``"triton"``: one fused kernel; ``"torch"``: the twin).
+        router_cls: its class.
         scheduler: scheduler class name.
         shared_expert_order: :class:`SharedExpertOrder` value, or None without a shared expert.
         workspace_bytes_per_chunk: peak temporary bytes of one chunk (backend estimate).
@@ -52,6 +55,8 @@ class ResolutionReport:
     backend_cls: type[Backend]
     strategy: str
     strategy_cls: type[CommStrategy]
+    router: str
+    router_cls: type
     scheduler: str
     shared_expert_order: str | None
     workspace_bytes_per_chunk: int
@@ -70,6 +75,7 @@ class ResolutionReport:
             "moerun resolution report",
             f"  backend:             {self.backend}",
             f"  communication:       {self.strategy}",
+            f"  routing:             {self.router}",
             f"  scheduler:           {self.scheduler}",
             f"  shared expert order: {self.shared_expert_order or 'none (no shared expert)'}",
             f"  workspace per chunk: {self.workspace_bytes_per_chunk / 2**20:.2f} MiB",
@@ -118,15 +124,46 @@ def _pick(kind: str, requested: Any, candidates: list[type], by_name, problem: P
     return chosen
 
 
+def _pick_router(requested: str, problem: Problem, env: Env,
+                 rejected: list[Rejection]) -> type:
+    """``"auto"``: the fused kernel where it runs natively (CUDA), else the torch twin; under
+    the Triton interpreter on CPU the kernel is used only when asked for by name."""
+    if requested != "auto":
+        cls = router_class(requested)
+        elig = cls.can_implement(problem, env)
+        if not elig.ok:
+            raise ValueError(f"router={requested!r} cannot run here: {elig.reason.value}: "
+                             f"{elig.detail}")
+        other = TorchRouter if cls is TritonRouter else TritonRouter
+        rejected.append(Rejection(kind="router", name=other.name,
+                                  reason=RejectReason.NOT_REQUESTED,
+                                  detail=f"router={requested!r} was requested"))
+        return cls
+    elig = TritonRouter.can_implement(problem, env)
+    if elig.ok and problem.device_type == "cuda":
+        return TritonRouter
+    if elig.ok:  # CPU under the interpreter: correct but slow; the twin routes by default
+        rejected.append(Rejection(kind="router", name=TritonRouter.name,
+                                  reason=RejectReason.INTERPRETER,
+                                  detail="the interpreter is slow; pass router='triton' to use "
+                                         "it on CPU"))
+    else:
+        rejected.append(Rejection(kind="router", name=TritonRouter.name, reason=elig.reason,
+                                  detail=elig.detail))
+    return TorchRouter
+
+
 def resolve(problem: Problem, deployment: Deployment, env: Env, *,
             backend: str | type[Backend] = "auto", comm: str | type[CommStrategy] = "auto",
-            shared_expert_order: str = "auto", max_chunk_rows: int = 1) -> ResolutionReport:
+            router: str = "auto", shared_expert_order: str = "auto",
+            max_chunk_rows: int = 1) -> ResolutionReport:
     """Choose candidates for one layer. Pure: reads only its arguments.
 
     Args:
         problem / deployment / env: see :mod:`moerun.backends.base` and :mod:`moerun.env`.
         backend: ``"auto"``, a name from ``moerun.backends.BACKEND_NAMES`` or a Backend class.
         comm: ``"auto"``, ``"none"``, ``"allgather"``, ``"alltoall"`` or a strategy class.
+        router: ``"auto"``, ``"torch"`` or ``"triton"`` (the fused routing kernel).
         shared_expert_order: ``"auto"`` or a :class:`SharedExpertOrder` value.
         max_chunk_rows: rows of the largest chunk, for the workspace estimate.
 
@@ -150,6 +187,7 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
         raise ValueError(f"backend {backend_cls.name} does not support num_slots % ep_size != 0")
     strategy_cls = _pick("comm", comm, strategy_candidates(), strategy_class, problem,
                          deployment, env, rejected)
+    router_cls = _pick_router(router, problem, env, rejected)
     if backend_cls.scheduler_kind != SchedulerKind.EXTERNAL_COMM:  # pragma: no cover
         raise ValueError(f"backend {backend_cls.name} needs a {backend_cls.scheduler_kind} "
                          "scheduler, which does not exist yet")
@@ -169,7 +207,8 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
                                           detail="overlapped orders are a later issue"))
     return ResolutionReport(
         backend=backend_cls.name, backend_cls=backend_cls, strategy=strategy_cls.name,
-        strategy_cls=strategy_cls, scheduler="ExternalCommScheduler",
+        strategy_cls=strategy_cls, router=router_cls.name, router_cls=router_cls,
+        scheduler="ExternalCommScheduler",
         shared_expert_order=order,
         workspace_bytes_per_chunk=backend_cls().workspace_bytes(problem, max_chunk_rows),
         rejected=tuple(rejected), env=env.describe(), notes=notes)

@@ -1,30 +1,31 @@
-"""Streams a layer uses (DESIGN 4.1 step 6, DESIGN 8). Inert on CPU.
+"""The streams a layer owns (DESIGN 4.1 step 6, DESIGN 8). Inert on CPU.
 
-The main stream is whatever stream is current when ``forward`` starts; the aux stream is
-created once per layer, lazily, on CUDA. ``used`` lists the streams the last forward issued
-work on, so EPLB can record an event on each before migrating.
+A layer owns one aux stream, created lazily on CUDA. Which streams one forward issued work
+on is per-forward state: it lives in the scheduler's ``ForwardContext`` (``ctx.streams``), so
+EPLB can record an event on each before migrating, and two forwards (DBO micro-batches) in
+flight never overwrite each other's list.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-__all__ = ["LayerStreams"]
+__all__ = ["LayerStreams", "record_events"]
 
 
 class LayerStreams:
-    """Owner of one layer's aux stream and of the per-forward stream bookkeeping.
+    """Owner of one layer's aux stream. Holds no per-forward state.
 
     Not thread-safe; all calls come from the forward thread.
     """
 
+    __slots__ = ("device", "_aux")
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._aux: Any = None
-        self.main: Any = None
-        self.used: tuple[Any, ...] = ()
 
     @property
     def is_cuda(self) -> bool:
@@ -32,29 +33,33 @@ class LayerStreams:
 
     @property
     def aux(self) -> Any:
-        """The layer's aux ``torch.cuda.Stream`` (created on first use)."""
+        """The layer's aux ``torch.cuda.Stream`` (created on first use; CUDA only)."""
         if self._aux is None:
             self._aux = torch.cuda.Stream(device=self.device)
         return self._aux
 
-    def begin_forward(self, overlap: bool) -> None:
-        """Remember the main stream; with ``overlap`` the aux stream first waits on main
-        (every input written before the forward is visible to it). No host sync."""
+    def begin(self, overlap: bool) -> tuple[Any, ...]:
+        """The streams a forward starting now will use: ``(main,)`` or ``(main, aux)`` on
+        CUDA, ``()`` on CPU. ``main`` is the current stream. With ``overlap`` the aux stream
+        first waits on main (every input written before the forward is visible to it).
+        No host sync; graph-safe (the wait is a captured event edge)."""
         if not self.is_cuda:
-            self.main, self.used = None, ()
-            return
-        self.main = torch.cuda.current_stream(self.device)
-        if overlap:
-            self.aux.wait_stream(self.main)
-            self.used = (self.main, self.aux)
-        else:
-            self.used = (self.main,)
+            return ()
+        main = torch.cuda.current_stream(self.device)
+        if not overlap:
+            return (main,)
+        aux = self.aux
+        aux.wait_stream(main)
+        return (main, aux)
 
-    def record_events(self) -> list[Any]:
-        """An event recorded now on every stream used by this forward (CUDA; [] on CPU)."""
-        events = []
-        for stream in self.used:
-            ev = torch.cuda.Event()
-            ev.record(stream)
-            events.append(ev)
-        return events
+
+def record_events(streams: Sequence[Any]) -> list[Any]:
+    """A ``torch.cuda.Event`` recorded now on each of ``streams`` ([] for an empty list, CPU).
+
+    No host sync; graph-safe."""
+    events = []
+    for stream in streams:
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        events.append(ev)
+    return events

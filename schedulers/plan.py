@@ -6,6 +6,7 @@ config), so every rank derives the same padding decision and chunk count (DESIGN
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ class ForwardPlan:
         padded: DP padding is on (``use_dp_padding`` or the zero-token fix).
         num_chunks: chunks every rank runs.
         chunks: per chunk, the rows of every rank (:class:`ChunkCounts`).
+        bounds: per chunk, ``(lo, hi)`` of this rank's rows.
         rank: this rank.
     """
 
@@ -38,6 +40,7 @@ class ForwardPlan:
     padded: bool
     num_chunks: int
     chunks: tuple[ChunkCounts, ...]
+    bounds: tuple[tuple[int, int], ...]
     rank: int
 
     @property
@@ -52,13 +55,38 @@ class ForwardPlan:
 
     def chunk_bounds(self, c: int) -> tuple[int, int]:
         """``[lo, hi)`` of this rank's rows in chunk ``c``."""
-        lo = sum(ch.local for ch in self.chunks[:c])
-        return lo, lo + self.chunks[c].local
+        return self.bounds[c]
 
     @property
     def rank_offset(self) -> int:
         """Exclusive prefix sum of the (unpadded) counts at this rank (EPLB replica routing)."""
         return sum(self.counts[: self.rank])
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(counts: tuple[int, ...], rank: int, use_dp_padding: bool,
+          max_num_tokens: int | None) -> ForwardPlan:
+    dp = len(counts)
+    biggest = max(counts)
+    zero_fix = dp > 1 and biggest > 0 and min(counts) == 0
+    padded = (use_dp_padding or zero_fix) and biggest > 0
+    padded_counts = tuple([biggest] * dp) if padded else tuple(counts)
+    rows = dp * biggest if dp > 1 else counts[rank]
+    if max_num_tokens is None or rows == 0:
+        num_chunks = 1
+    else:
+        num_chunks = max(1, math.ceil(rows / max_num_tokens))
+    per_rank = [split_rows(n, num_chunks) for n in padded_counts]
+    chunks = tuple(
+        ChunkCounts(counts=tuple(per_rank[r][c] for r in range(dp)), rank=rank)
+        for c in range(num_chunks)
+    )
+    bounds, lo = [], 0
+    for ch in chunks:
+        bounds.append((lo, lo + ch.local))
+        lo += ch.local
+    return ForwardPlan(counts=tuple(counts), padded_counts=padded_counts, padded=padded,
+                       num_chunks=num_chunks, chunks=chunks, bounds=tuple(bounds), rank=rank)
 
 
 def plan_forward(counts: tuple[int, ...], *, rank: int, use_dp_padding: bool,
@@ -77,22 +105,8 @@ def plan_forward(counts: tuple[int, ...], *, rank: int, use_dp_padding: bool,
     ``rows = dp * max(counts)`` (DP) or the local count; 1 when every rank is empty.
     Each rank splits its rows into ``num_chunks`` chunks, larger chunks first.
 
-    Pure; no host sync; no collective.
+    Pure; no host sync; no collective. Results are memoised (the plan is an immutable value
+    of its arguments), so a steady-state forward does not rebuild it.
     """
-    dp = len(counts)
-    biggest = max(counts)
-    zero_fix = dp > 1 and biggest > 0 and min(counts) == 0
-    padded = (use_dp_padding or zero_fix) and biggest > 0
-    padded_counts = tuple([biggest] * dp) if padded else tuple(counts)
-    rows = dp * biggest if dp > 1 else counts[rank]
-    if max_num_tokens is None or rows == 0:
-        num_chunks = 1
-    else:
-        num_chunks = max(1, math.ceil(rows / max_num_tokens))
-    per_rank = [split_rows(n, num_chunks) for n in padded_counts]
-    chunks = tuple(
-        ChunkCounts(counts=tuple(per_rank[r][c] for r in range(dp)), rank=rank)
-        for c in range(num_chunks)
-    )
-    return ForwardPlan(counts=tuple(counts), padded_counts=padded_counts, padded=padded,
-                       num_chunks=num_chunks, chunks=chunks, rank=rank)
+    return _plan(tuple(int(c) for c in counts), int(rank), bool(use_dp_padding),
+                 max_num_tokens)

@@ -111,18 +111,21 @@ def check_local_inputs(x: Any, router_logits: Any, *, hidden_size: int, num_expe
 
 
 def agree_counts(check: LocalCheck, *, num_tokens: int, all_rank_num_tokens: Sequence[int] | None,
-                 comm: Any, world_size: int, check_inputs: bool) -> tuple[int, ...]:
+                 comm: Any, cursor: Any, world_size: int,
+                 check_inputs: bool) -> tuple[int, ...]:
     """Raise on bad input (agreed across ranks when ``check_inputs``) and return the counts.
 
-    Collective: one all-gather of ``(code, T)`` with ``check_inputs`` and > 1 rank, or one
-    all-gather of ``T`` when counts are missing; none otherwise. Host sync when it gathers.
+    Collective (on ``comm`` at the forward's ``cursor``): one all-gather of ``(code, T)``
+    with ``check_inputs`` and > 1 rank, or one all-gather of ``T`` when counts are missing;
+    none otherwise. Host sync when it gathers.
     """
     if world_size == 1:
         if check.code:
             raise ValueError(check.detail)
         return (num_tokens,)
     if check_inputs:
-        gathered = comm.all_gather_object_ints([int(check.code), num_tokens], phase="validate")
+        gathered = comm.all_gather_object_ints([int(check.code), num_tokens], phase="validate",
+                                               cursor=cursor)
         bad = [(r, InputError(code)) for r, (code, _) in enumerate(gathered) if code]
         if bad:
             ranks = [r for r, _ in bad]
@@ -138,4 +141,5 @@ def agree_counts(check: LocalCheck, *, num_tokens: int, all_rank_num_tokens: Seq
         raise ValueError(check.detail)  # NOTE: peers will end in CommTimeoutError (checks off)
     if all_rank_num_tokens is not None:
         return tuple(int(c) for c in all_rank_num_tokens)
-    return tuple(t for (t,) in comm.all_gather_object_ints([num_tokens], phase="counts"))
+    return tuple(t for (t,) in comm.all_gather_object_ints([num_tokens], phase="counts",
+                                                           cursor=cursor))

@@ -43,18 +43,18 @@ def _encoded_chunk(rank: int, n: int, h: int, k: int, num_slots: int, seed: int)
 def comm_exact_task(ctx, *, counts, comm, num_slots=7, k=3, h=4, seed=0):
     """Dispatch encoded rows, check every received row against its sender exactly, then
     combine an exact per-row function and check the sum at the source."""
-    from moerun.comm import ChunkCounts, Communicator, strategy_class
+    from moerun.comm import ChunkCounts, CollectiveCursor, Communicator, strategy_class
     from moerun.mapping import slot_partition
 
     mapping = ctx.mapping()
     part = slot_partition(num_slots, ctx.world_size)
     strategy = strategy_class(comm)(Communicator(mapping, layer_idx=0), part)
-    strategy.comm.begin_forward(0)
+    cursor = CollectiveCursor(step=0)
     chunk = ChunkCounts(counts=tuple(counts), rank=ctx.rank)
     start, end = part.local_range(ctx.rank)
     every = [_encoded_chunk(r, counts[r], h, k, num_slots, seed) for r in range(ctx.world_size)]
     x, ids, w = every[ctx.rank]
-    d = strategy.dispatch(x, ids, w, prepared=strategy.prepare_dispatch(ids, chunk))
+    d = strategy.dispatch(x, ids, w, prepared=strategy.prepare_dispatch(ids, chunk, cursor))
     problems = []
     seen = set()
     for i in range(d.x.shape[0]):
@@ -96,18 +96,20 @@ def comm_exact_task(ctx, *, counts, comm, num_slots=7, k=3, h=4, seed=0):
 
 def interleaved_chunks_task(ctx, *, comm, counts_a, counts_b, num_slots=6, k=2, h=4):
     """Two chunks' dispatches in flight before either combine; both results exact."""
-    from moerun.comm import ChunkCounts, Communicator, strategy_class
+    from moerun.comm import ChunkCounts, CollectiveCursor, Communicator, strategy_class
     from moerun.mapping import slot_partition
 
     part = slot_partition(num_slots, ctx.world_size)
     strategy = strategy_class(comm)(Communicator(ctx.mapping(), layer_idx=0), part)
-    strategy.comm.begin_forward(0)
+    # two micro-batches of one step, each with its own cursor (DBO): they never share one
+    cur_a, cur_b = CollectiveCursor(step=0, ub=0), CollectiveCursor(step=0, ub=1)
     xa, ia, wa = _encoded_chunk(ctx.rank, counts_a[ctx.rank], h, k, num_slots, 1)
     xb, ib, wb = _encoded_chunk(ctx.rank, counts_b[ctx.rank], h, k, num_slots, 2)
     ca = ChunkCounts(counts=tuple(counts_a), rank=ctx.rank)
     cb = ChunkCounts(counts=tuple(counts_b), rank=ctx.rank)
-    da = strategy.dispatch(xa, ia, wa, prepared=strategy.prepare_dispatch(ia, ca), async_op=True)
-    db = strategy.dispatch(xb + 0.5, ib, wb, prepared=strategy.prepare_dispatch(ib, cb),
+    da = strategy.dispatch(xa, ia, wa, prepared=strategy.prepare_dispatch(ia, ca, cur_a),
+                           async_op=True)
+    db = strategy.dispatch(xb + 0.5, ib, wb, prepared=strategy.prepare_dispatch(ib, cb, cur_b),
                            async_op=True)
     db.wait()
     da.wait()
@@ -123,6 +125,8 @@ def interleaved_chunks_task(ctx, *, comm, counts_a, counts_b, num_slots=6, k=2, 
 class RecordingBalancer:
     """Implements eplb.hooks.LayerBalancerHooks; logs each hook and the chunk rows it saw."""
 
+    enabled = True
+
     def __init__(self, num_experts: int) -> None:
         self.num_slots = num_experts
         self.log: list[str] = []
@@ -130,23 +134,23 @@ class RecordingBalancer:
     def local_experts(self, start, end):
         return list(range(start, end))
 
-    def start_wait_gpu(self):
+    def start_wait_gpu(self, ctx):
         self.log.append("start_wait_gpu")
 
-    def done_wait_gpu(self):
+    def done_wait_gpu(self, ctx):
         self.log.append("done_wait_gpu")
 
-    def update_statistic(self, topk_ids):
+    def update_statistic(self, ctx, topk_ids):
         self.log.append(f"update_statistic:{topk_ids.shape[0]}")
 
-    def route(self, topk_ids, row_offset):
+    def route(self, ctx, topk_ids, row_offset):
         self.log.append(f"route:{row_offset}")
         return topk_ids
 
-    def start_set_cpu(self):
+    def start_set_cpu(self, ctx):
         self.log.append("start_set_cpu")
 
-    def done_set_cpu(self):
+    def done_set_cpu(self, ctx):
         self.log.append("done_set_cpu")
 
 

@@ -51,9 +51,9 @@ def test_due_steps_at_most_layers_per_step():
 def test_statistics_exclude_padding_and_window_slides():
     bal = _bal()
     h = bal.layer(0)
-    h.done_wait_gpu()
-    h.update_statistic(torch.tensor([[0, 1], [1, -1], [-1, -1]], dtype=torch.int32))
-    h.update_statistic(torch.tensor([[3, 1]], dtype=torch.int32))
+    h.done_wait_gpu(None)
+    h.update_statistic(None, torch.tensor([[0, 1], [1, -1], [-1, -1]], dtype=torch.int32))
+    h.update_statistic(None, torch.tensor([[3, 1]], dtype=torch.int32))
     assert bal.current[0].tolist() == [1, 3, 0, 1]
     assert bal.current[1].tolist() == [0, 0, 0, 0]
     for _ in range(3):
@@ -73,7 +73,7 @@ def test_replica_routing_formula():
     bal.logcnt.copy_(new.logcnt)
     h = bal.layer(0)
     ids = torch.tensor([[0, 1], [0, -1], [0, 2], [3, 0]], dtype=torch.int32)
-    slots = h.route(ids, row_offset=7)
+    slots = h.route(None, ids, row_offset=7)
     # row r uses replica (7 + r) % count: expert 0 -> [0,4,5][(7+r)%3]
     assert slots.tolist() == [[4, 1], [5, -1], [0, 2], [3, 4]]
     assert slots.dtype == torch.int32
@@ -82,7 +82,7 @@ def test_replica_routing_formula():
 def test_metrics_and_dump_stats(tmp_path):
     bal = _bal()
     h = bal.layer(1)
-    h.update_statistic(torch.tensor([[0, 0], [0, 1]], dtype=torch.int32))
+    h.update_statistic(None, torch.tensor([[0, 0], [0, 1]], dtype=torch.int32))
     bal.step()
     m = bal.metrics()
     # layer 1 default slots: experts 0,1,2 | 3,0,1 ; counts e0=3, e1=1; replicas e0=2, e1=2

@@ -69,6 +69,8 @@ class RecordingBalancer:
     rows given to ``update_statistic`` and the ``row_offset`` given to ``route``.
     """
 
+    enabled = True
+
     def __init__(self, num_experts: int, recorder: ScheduleRecorder) -> None:
         self.num_slots = num_experts
         self.recorder = recorder
@@ -84,25 +86,25 @@ class RecordingBalancer:
     def local_experts(self, start: int, end: int) -> list[int]:
         return list(range(start, end))
 
-    def start_wait_gpu(self) -> None:
+    def start_wait_gpu(self, ctx) -> None:
         self._hit("start_wait_gpu")
 
-    def done_wait_gpu(self) -> None:
+    def done_wait_gpu(self, ctx) -> None:
         self._hit("done_wait_gpu")
 
-    def update_statistic(self, topk_ids: torch.Tensor) -> None:
+    def update_statistic(self, ctx, topk_ids: torch.Tensor) -> None:
         self._hit("update_statistic")
         self.stat_rows.append(topk_ids.shape[0])
 
-    def route(self, topk_ids: torch.Tensor, row_offset: int) -> torch.Tensor:
+    def route(self, ctx, topk_ids: torch.Tensor, row_offset: int) -> torch.Tensor:
         self._hit("route")
         self.route_offsets.append(row_offset)
         return topk_ids
 
-    def start_set_cpu(self) -> None:
+    def start_set_cpu(self, ctx) -> None:
         self._hit("start_set_cpu")
 
-    def done_set_cpu(self) -> None:
+    def done_set_cpu(self, ctx) -> None:
         self._hit("done_set_cpu")
 
 
@@ -413,13 +415,15 @@ def test_hook_counts_over_one_model_step():
 
 
 def test_phase_order_with_shared_expert_and_no_balancer():
-    # Without a balancer the (no-op) eplb.* ranges are still emitted at the fixed hook points.
+    # Without a balancer no eplb.* range is emitted and no hook is called (DESIGN 4.1 step 5:
+    # the hooks run "only when enabled"); the other phases keep their order.
     cfg = _cfg(shared_intermediate_size=8)
     case = make_case(cfg, 4, seed=52)
     rec = ScheduleRecorder()
     with _layer(cfg, case, recorder=rec) as layer:
         layer(case.x, case.logits)
-    assert rec.phases() == _expected_chunk_phases(True, True) + ["shared"]
+    assert rec.phases() == ["chunk", "route", "dispatch", "dispatch.wait", "experts", "combine",
+                            "combine.wait", "shared"]
     streams = {e.phase: e.stream for e in rec.events}
     assert streams["dispatch"] == "comm" and streams["combine"] == "comm"
     assert streams["experts"] == "main" and streams["route"] == "main"

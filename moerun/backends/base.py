@@ -7,13 +7,17 @@ intermediate, ``S_local`` slots on this rank, ``K`` top-k.
 from __future__ import annotations
 
 import abc
-import enum
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from moerun.config import Activation
+from moerun.capability import (
+    Deployment,
+    Eligibility,
+    Problem,
+    RejectReason,
+    SchedulerKind,
+)
 from moerun.env import Env
 
 __all__ = [
@@ -24,79 +28,6 @@ __all__ = [
     "Deployment",
     "Backend",
 ]
-
-
-class SchedulerKind(str, enum.Enum):
-    """Which scheduler drives a backend (DESIGN 4)."""
-
-    EXTERNAL_COMM = "external_comm"  # the host issues dispatch and combine
-    FUSED_COMM = "fused_comm"  # communication inside the kernel (no such backend yet)
-
-
-class RejectReason(str, enum.Enum):
-    """Closed set of reasons a candidate (backend or strategy) was not chosen."""
-
-    NOT_REQUESTED = "not_requested"  # the user asked for another candidate by name
-    PACKAGE_MISSING = "package_missing"  # an optional library is not importable
-    DEVICE = "device"  # wrong device type or compute capability
-    DTYPE = "dtype"
-    SHAPE = "shape"  # hidden/intermediate size, strides, top-k limits
-    ACTIVATION = "activation"
-    NON_DIVISIBLE_EP = "non_divisible_ep"  # S % ep_size != 0 not declared supported
-    TOPOLOGY = "topology"  # group size / process-group backend not supported
-    INTERPRETER = "interpreter"  # Triton on CPU without TRITON_INTERPRET=1, or bf16 under it
-    WORKLOAD = "workload"  # is_workload_feasible said no for this forward
-    LOWER_PRIORITY = "lower_priority"  # eligible, but a higher-priority candidate won
-    UNIMPLEMENTED = "unimplemented"  # declared by the design, not built yet
-
-
-@dataclass(frozen=True, kw_only=True)
-class Eligibility:
-    """Answer of ``can_implement``: ``ok`` or a closed-enum ``reason`` plus free-text detail."""
-
-    ok: bool
-    reason: RejectReason | None = None
-    detail: str = ""
-
-    @classmethod
-    def yes(cls) -> "Eligibility":
-        return cls(ok=True)
-
-    @classmethod
-    def no(cls, reason: RejectReason, detail: str) -> "Eligibility":
-        return cls(ok=False, reason=reason, detail=detail)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Problem:
-    """The math of one layer, as backends and strategies see it.
-
-    Fields: ``num_experts`` E, ``num_slots`` S, ``top_k`` K, ``hidden_size`` H,
-    ``intermediate_size`` I, ``dtype``, ``activation``, ``device_type`` ("cpu"/"cuda"),
-    ``shared_intermediate_size`` (0 = no shared expert).
-    """
-
-    num_experts: int
-    num_slots: int
-    top_k: int
-    hidden_size: int
-    intermediate_size: int
-    dtype: torch.dtype
-    activation: Activation
-    device_type: str
-    shared_intermediate_size: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deployment:
-    """Where the layer runs: ``rank``, ``world_size``, ``comm_backend`` ("none", "gloo",
-    "nccl"), ``num_local_slots`` on this rank, ``divisible`` (S % world_size == 0)."""
-
-    rank: int
-    world_size: int
-    comm_backend: str
-    num_local_slots: int
-    divisible: bool
 
 
 class Backend(abc.ABC):

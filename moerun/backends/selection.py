@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moerun.backends.base import Problem
+from moerun.capability import Problem
 from moerun.env import Env
 
 __all__ = ["TABLE_PATH", "BenchPreference", "preferred_order", "selection_table"]

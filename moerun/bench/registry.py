@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from moerun.backends.base import Backend, Deployment, Problem
+from moerun.backends.base import Backend
+from moerun.capability import Deployment, Problem
 from moerun.config import Activation
 from moerun.env import Env
 

@@ -12,7 +12,7 @@ from moerun.comm.base import (
     PreparedDispatch,
     to_local_slot_ids,
 )
-from moerun.comm.communicator import Communicator, Pending
+from moerun.comm.communicator import CollectiveCursor, Communicator, Pending
 from moerun.comm.nocomm import NoComm
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "AllToAll",
     "NoComm",
     "ChunkCounts",
+    "CollectiveCursor",
     "CombineHandle",
     "CommStrategy",
     "Communicator",

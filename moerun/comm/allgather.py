@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from moerun.backends.base import Deployment, Eligibility, Problem
+from moerun.capability import Deployment, Eligibility, Problem
 from moerun.comm.base import (
     CombineHandle,
     CommStrategy,
@@ -70,10 +70,12 @@ class AllGatherReduceScatter(CommStrategy):
                                               self.num_local_slots))
             weights.copy_(meta_all[:, k:].view(torch.float32))
 
-        p_x = self.comm.all_gather_into_tensor(x_all, x_pad, phase="dispatch")
-        p_meta = self.comm.all_gather_into_tensor(meta_all, meta, phase="dispatch", then=unpack)
+        cur = prepared.cursor
+        p_x = self.comm.all_gather_into_tensor(x_all, x_pad, phase="dispatch", cursor=cur)
+        p_meta = self.comm.all_gather_into_tensor(meta_all, meta, phase="dispatch", cursor=cur,
+                                                  then=unpack)
         result = DispatchResult(x=x_all, topk_ids=ids_local, topk_weights=weights,
-                                counts_per_source=chunk.counts, meta=chunk,
+                                counts_per_source=chunk.counts, cursor=cur, meta=chunk,
                                 pending=(p_x, p_meta))
         return result if async_op else result.wait()
 
@@ -83,6 +85,7 @@ class AllGatherReduceScatter(CommStrategy):
         out_dtype = dispatch.x.dtype
         partial = expert_out.to(torch.float32).contiguous()
         summed = partial.new_empty((m, partial.shape[1]))
-        pending = self.comm.reduce_scatter_tensor(summed, partial, phase="combine")
+        pending = self.comm.reduce_scatter_tensor(summed, partial, phase="combine",
+                                                  cursor=dispatch.cursor)
         handle = CombineHandle((pending,), lambda: summed[:n].to(out_dtype))
         return handle if async_op else handle.wait()

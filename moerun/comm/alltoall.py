@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from moerun.backends.base import Deployment, Eligibility, Problem
+from moerun.capability import Deployment, Eligibility, Problem
 from moerun.comm.base import (
     ChunkCounts,
     CombineHandle,
@@ -26,6 +26,7 @@ from moerun.comm.base import (
     PreparedDispatch,
     multi_rank_only,
 )
+from moerun.comm.communicator import CollectiveCursor
 from moerun.env import Env
 
 __all__ = ["AllToAll"]
@@ -62,7 +63,8 @@ class AllToAll(CommStrategy):
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
         return multi_rank_only(deployment)
 
-    def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts) -> PreparedDispatch:
+    def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts,
+                         cursor: CollectiveCursor) -> PreparedDispatch:
         owner = self.partition.owner_of(topk_ids)  # [n, K], -1 for padded/-1 ids
         ranks = torch.arange(self.world_size, device=topk_ids.device)
         send_mask = (owner[:, :, None] == ranks[None, None, :]).any(dim=1)  # [n, R]
@@ -70,11 +72,12 @@ class AllToAll(CommStrategy):
         dest, rows = send_mask.t().nonzero(as_tuple=True)  # NOTE: host sync (nonzero)
         counts = send_mask.sum(dim=0).tolist()  # NOTE: host sync
         layout = _A2ALayout(send_rows=rows, send_dest=dest, send_counts=tuple(counts))
-        return PreparedDispatch(chunk=chunk, layout=layout)
+        return PreparedDispatch(chunk=chunk, cursor=cursor, layout=layout)
 
     def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
                  async_op: bool = False) -> DispatchResult:
         layout: _A2ALayout = prepared.layout
+        cur = prepared.cursor
         k = topk_ids.shape[1]
         device = x.device
         # 1. exchange row counts (host sync: receive sizes are needed to allocate)
@@ -82,7 +85,7 @@ class AllToAll(CommStrategy):
         recv_counts_t = torch.empty_like(send_counts_t)
         ones = [1] * self.world_size
         self.comm.all_to_all_single(recv_counts_t, send_counts_t, ones, ones,
-                                    phase="dispatch").wait()
+                                    phase="dispatch", cursor=cur).wait()
         recv_counts = tuple(recv_counts_t.tolist())  # NOTE: host sync
         num_recv = sum(recv_counts)
         # 2. rows with ids relative to their destination rank
@@ -106,12 +109,12 @@ class AllToAll(CommStrategy):
 
         out_splits, in_splits = list(recv_counts), list(layout.send_counts)
         p_x = self.comm.all_to_all_single(recv_x, send_x, out_splits, in_splits,
-                                          phase="dispatch")
+                                          phase="dispatch", cursor=cur)
         p_meta = self.comm.all_to_all_single(recv_meta, meta, out_splits, in_splits,
-                                             phase="dispatch", then=unpack)
+                                             phase="dispatch", cursor=cur, then=unpack)
         result = DispatchResult(
             x=recv_x, topk_ids=ids_out, topk_weights=w_out, counts_per_source=recv_counts,
-            meta=_A2AMeta(layout=layout, recv_counts=recv_counts, num_rows=x.shape[0]),
+            cursor=cur, meta=_A2AMeta(layout=layout, recv_counts=recv_counts, num_rows=x.shape[0]),
             pending=(p_x, p_meta))
         return result if async_op else result.wait()
 
@@ -122,7 +125,8 @@ class AllToAll(CommStrategy):
         partial = expert_out.to(torch.float32).contiguous()
         back = partial.new_empty((layout.send_rows.shape[0], partial.shape[1]))
         pending = self.comm.all_to_all_single(back, partial, list(layout.send_counts),
-                                              list(meta.recv_counts), phase="combine")
+                                              list(meta.recv_counts), phase="combine",
+                                              cursor=dispatch.cursor)
 
         def finish() -> torch.Tensor:
             out = back.new_zeros((meta.num_rows, back.shape[1]))

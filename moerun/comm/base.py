@@ -15,8 +15,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
-from moerun.comm.communicator import Communicator, Pending
+from moerun.capability import Deployment, Eligibility, Problem, RejectReason
+from moerun.comm.communicator import CollectiveCursor, Communicator, Pending
 from moerun.env import Env
 from moerun.mapping import SlotPartition
 
@@ -54,10 +54,13 @@ class ChunkCounts:
 class PreparedDispatch:
     """Output of ``prepare_dispatch``: routing-derived layout, computed before data moves.
 
-    Fields: ``chunk`` the rank-identical counts; ``layout`` strategy-specific (opaque).
+    Fields: ``chunk`` the rank-identical counts; ``cursor`` the forward's (micro-batch's)
+    collective cursor, which dispatch and then combine issue on; ``layout`` strategy-specific
+    (opaque).
     """
 
     chunk: ChunkCounts
+    cursor: CollectiveCursor
     layout: Any = None
 
 
@@ -70,6 +73,7 @@ class DispatchResult:
         topk_ids: ``[M, K]`` int32 local slot ids in ``[0, S_local)``, ``-1`` elsewhere.
         topk_weights: ``[M, K]`` fp32.
         counts_per_source: rows received from each rank (host ints).
+        cursor: the collective cursor the combine issues on (from ``prepared``).
         meta: opaque combine metadata (strategy-specific).
     """
 
@@ -77,6 +81,7 @@ class DispatchResult:
     topk_ids: torch.Tensor
     topk_weights: torch.Tensor
     counts_per_source: tuple[int, ...]
+    cursor: CollectiveCursor | None = None
     meta: Any = None
     pending: tuple[Pending, ...] = field(default=(), repr=False)
 
@@ -159,9 +164,11 @@ class CommStrategy(abc.ABC):
         """Whether quantization may happen before dispatch (no quantizing backend yet)."""
         return False
 
-    def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts) -> PreparedDispatch:
-        """Routing-derived layout for one chunk. ``topk_ids``: ``[n, K]`` global slot ids."""
-        return PreparedDispatch(chunk=chunk)
+    def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts,
+                         cursor: CollectiveCursor) -> PreparedDispatch:
+        """Routing-derived layout for one chunk. ``topk_ids``: ``[n, K]`` global slot ids;
+        ``cursor``: the forward's collective cursor (``ForwardContext.cursor``)."""
+        return PreparedDispatch(chunk=chunk, cursor=cursor)
 
     @abc.abstractmethod
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,

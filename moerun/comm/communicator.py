@@ -7,7 +7,10 @@ group is unusable after a timeout). On NCCL the process group's own watchdog det
 ``wait()`` only orders the current stream after the collective, unless ``debug_sync`` asks for a
 host-blocking, budgeted wait (not capturable).
 
-With a c10d ``Store`` in the Mapping, each rank writes ``moerun/L{l}/s{step}/c{seq}/r{rank}``
+The position in the collective sequence is per forward, not per layer: every collective takes
+the forward's :class:`CollectiveCursor` (it lives in the scheduler's ``ForwardContext``, one per
+DBO micro-batch), so two forwards or micro-batches in flight never share a counter. With a c10d
+``Store`` in the Mapping, each rank writes ``moerun/L{l}/s{step}[/u{ub}]/c{seq}/r{rank}``
 before issuing, so a timed-out rank can list the peers that never arrived. Costs two store
 round trips per collective; off without a store.
 """
@@ -24,7 +27,26 @@ import torch
 from moerun.errors import CommTimeoutError
 from moerun.mapping import Mapping
 
-__all__ = ["Communicator", "Pending"]
+__all__ = ["Communicator", "Pending", "CollectiveCursor"]
+
+
+@dataclass(eq=False)
+class CollectiveCursor:
+    """Where one forward (or one DBO micro-batch of it) stands in its layer's collectives.
+
+    Fields:
+        step: the layer's forward counter when the forward started (budget: warm-up or not;
+            store keys; the step an error names).
+        ub: the DBO micro-batch (None when the forward is not split); part of the store key.
+        seq: collectives issued so far by this forward (micro-batch); advanced on each issue.
+
+    Per-forward state: created by the scheduler in the ``ForwardContext``, never stored on the
+    communicator. Not thread-safe (one forward thread).
+    """
+
+    step: int
+    ub: int | None = None
+    seq: int = 0
 
 
 class Pending:
@@ -34,13 +56,15 @@ class Pending:
     (e.g. an unpack or a local sum) and its result is returned by ``wait()``.
     """
 
-    __slots__ = ("_comm", "_works", "_phase", "_seq", "_then", "_done", "_result")
+    __slots__ = ("_comm", "_works", "_phase", "_cursor", "_seq", "_then", "_done", "_result")
 
-    def __init__(self, comm: "Communicator", works: list[Any], phase: str, seq: int,
+    def __init__(self, comm: "Communicator", works: list[Any], phase: str,
+                 cursor: CollectiveCursor | None, seq: int,
                  then: Callable[[], Any] | None = None) -> None:
         self._comm = comm
         self._works = works
         self._phase = phase
+        self._cursor = cursor
         self._seq = seq
         self._then = then
         self._done = False
@@ -53,8 +77,9 @@ class Pending:
     def wait(self) -> Any:
         if not self._done:
             for work in self._works:
-                self._comm._wait_work(work, self._phase, self._seq)
-            self._comm._arrived(self._seq)
+                self._comm._wait_work(work, self._phase, self._cursor, self._seq)
+            if self._works:
+                self._comm._arrived(self._cursor, self._seq)
             self._done = True
             self._result = self._then() if self._then is not None else None
             self._then = None
@@ -79,81 +104,72 @@ class _AllWorks:
         return all(w.is_completed() for w in self.works)
 
 
-@dataclass
-class _ForwardCursor:
-    step: int = -1
-    seq: int = 0
-
-
 class Communicator:
     """Issues this layer's collectives over ``mapping.group`` with timeouts and poisoning.
 
-    Owned by one ``ConfigurableMoE``; strategies receive it and call its methods. Not
-    thread-safe (all collectives come from the forward thread, DESIGN 8).
+    Owned by one ``ConfigurableMoE``; strategies receive it and call its methods. Its state
+    is the layer's for life (group, store, poisoned flag); per-forward positions come in as a
+    :class:`CollectiveCursor`. Not thread-safe (all collectives come from the forward thread,
+    DESIGN 8).
     """
 
     def __init__(self, mapping: Mapping, *, layer_idx: int | None) -> None:
         self.mapping = mapping
         self.layer_idx = layer_idx
         self.poisoned = False
-        self._cursor = _ForwardCursor()
         self._is_gloo = mapping.backend_name == "gloo"
 
-    # -- forward bookkeeping -------------------------------------------------------------
-    def begin_forward(self, step: int) -> None:
-        """Called by the scheduler once per forward with the layer's forward counter."""
-        self._cursor = _ForwardCursor(step=step, seq=0)
-
-    @property
-    def step(self) -> int:
-        return self._cursor.step
-
-    def budget_s(self) -> float:
+    def budget_s(self, cursor: CollectiveCursor) -> float:
+        """Seconds one collective of the forward at ``cursor`` may take (warm-up or not)."""
         m = self.mapping
-        return m.warmup_timeout_s if self._cursor.step < m.warmup_forwards else m.timeout_s
+        return m.warmup_timeout_s if cursor.step < m.warmup_forwards else m.timeout_s
 
     # -- collectives (all async; the returned Pending enforces the budget) ---------------------
     def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str,
+                               cursor: CollectiveCursor,
                                then: Callable[[], Any] | None = None) -> Pending:
         """``out[r*n:(r+1)*n] = inp`` of rank r. Collective; async."""
         import torch.distributed as dist
 
         return self._issue(
-            phase, lambda: dist.all_gather_into_tensor(out, inp, group=self.mapping.group,
-                                                       async_op=True), then)
+            phase, cursor, lambda: dist.all_gather_into_tensor(
+                out, inp, group=self.mapping.group, async_op=True), then)
 
     def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor,
                           out_splits: list[int], in_splits: list[int], *, phase: str,
+                          cursor: CollectiveCursor,
                           then: Callable[[], Any] | None = None) -> Pending:
         """Variable-split all-to-all along dim 0 (zero-row splits still participate)."""
         import torch.distributed as dist
 
         return self._issue(
-            phase, lambda: dist.all_to_all_single(
+            phase, cursor, lambda: dist.all_to_all_single(
                 out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits,
                 group=self.mapping.group, async_op=True), then)
 
     def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str,
+                              cursor: CollectiveCursor,
                               then: Callable[[], Any] | None = None) -> Pending:
         """``out = sum_r inp_r[rank*n:(rank+1)*n]``. Collective; async."""
         import torch.distributed as dist
 
         return self._issue(
-            phase, lambda: dist.reduce_scatter_tensor(out, inp, group=self.mapping.group,
-                                                      async_op=True), then)
+            phase, cursor, lambda: dist.reduce_scatter_tensor(
+                out, inp, group=self.mapping.group, async_op=True), then)
 
-    def all_reduce(self, t: torch.Tensor, *, phase: str, op: Any = None,
-                   then: Callable[[], Any] | None = None) -> Pending:
+    def all_reduce(self, t: torch.Tensor, *, phase: str, cursor: CollectiveCursor,
+                   op: Any = None, then: Callable[[], Any] | None = None) -> Pending:
         """In-place all-reduce (sum by default). Collective; async."""
         import torch.distributed as dist
 
         op = dist.ReduceOp.SUM if op is None else op
         return self._issue(
-            phase, lambda: dist.all_reduce(t, op=op, group=self.mapping.group, async_op=True),
-            then)
+            phase, cursor,
+            lambda: dist.all_reduce(t, op=op, group=self.mapping.group, async_op=True), then)
 
     def batch_p2p(self, sends: list[tuple[torch.Tensor, int, int]],
-                  recvs: list[tuple[torch.Tensor, int, int]], *, phase: str) -> Pending:
+                  recvs: list[tuple[torch.Tensor, int, int]], *, phase: str,
+                  cursor: CollectiveCursor) -> Pending:
         """Point-to-point sends ``(tensor, group_rank, tag)`` and receives ``(tensor,
         group_rank, tag)``, issued together (``batch_isend_irecv``). A send and its receive
         carry the same tag and appear in the same relative order on both ranks (NCCL ignores
@@ -166,19 +182,20 @@ class Communicator:
         ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, r), group=group, tag=tag)
                 for t, r, tag in recvs]
         if not ops:
-            return Pending(self, [], phase, -1)
+            return Pending(self, [], phase, cursor, -1)
 
         def launch() -> Any:
             return _AllWorks(dist.batch_isend_irecv(ops))
 
-        return self._issue(phase, launch, None)
+        return self._issue(phase, cursor, launch, None)
 
-    def all_gather_object_ints(self, values: list[int], *, phase: str) -> list[list[int]]:
+    def all_gather_object_ints(self, values: list[int], *, phase: str,
+                               cursor: CollectiveCursor) -> list[list[int]]:
         """All-gather a short int list from every rank. Collective; host sync."""
         inp = torch.tensor(values, dtype=torch.int64, device=self._device())
         out = torch.empty(self.mapping.world_size * len(values), dtype=torch.int64,
                           device=inp.device)
-        self.all_gather_into_tensor(out, inp, phase=phase).wait()
+        self.all_gather_into_tensor(out, inp, phase=phase, cursor=cursor).wait()
         flat = out.tolist()  # NOTE: device->host sync
         n = len(values)
         return [flat[r * n:(r + 1) * n] for r in range(self.mapping.world_size)]
@@ -189,32 +206,33 @@ class Communicator:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def _key(self, seq: int, rank: int) -> str:
+    def _key(self, cursor: CollectiveCursor, seq: int, rank: int) -> str:
         layer = "-" if self.layer_idx is None else self.layer_idx
-        return f"moerun/L{layer}/s{self._cursor.step}/c{seq}/r{rank}"
+        ub = "" if cursor.ub is None else f"/u{cursor.ub}"
+        return f"moerun/L{layer}/s{cursor.step}{ub}/c{seq}/r{rank}"
 
-    def _issue(self, phase: str, launch: Callable[[], Any],
+    def _issue(self, phase: str, cursor: CollectiveCursor, launch: Callable[[], Any],
                then: Callable[[], Any] | None) -> Pending:
         if self.poisoned:
-            raise CommTimeoutError(layer=self.layer_idx, step=self._cursor.step, phase=phase,
+            raise CommTimeoutError(layer=self.layer_idx, step=cursor.step, phase=phase,
                                    rank=self.mapping.rank, missing_ranks=None,
                                    detail="layer already poisoned")
-        seq = self._cursor.seq
-        self._cursor.seq += 1
+        seq = cursor.seq
+        cursor.seq += 1
         store = self.mapping.store
         if store is not None:
             try:
-                store.set(self._key(seq, self.mapping.rank), phase)
+                store.set(self._key(cursor, seq, self.mapping.rank), phase)
             except Exception as exc:  # the store's host is gone: a peer was lost
-                self._fail(phase, seq, f"store unreachable: {exc}")
+                self._fail(phase, cursor, seq, f"store unreachable: {exc}")
         try:
             work = launch()
         except Exception as exc:  # gloo raises at issue when a peer already closed
-            self._fail(phase, seq, f"{type(exc).__name__}: {exc}")
-        return Pending(self, [work], phase, seq, then)
+            self._fail(phase, cursor, seq, f"{type(exc).__name__}: {exc}")
+        return Pending(self, [work], phase, cursor, seq, then)
 
-    def _wait_work(self, work: Any, phase: str, seq: int) -> None:
-        budget = self.budget_s()
+    def _wait_work(self, work: Any, phase: str, cursor: CollectiveCursor, seq: int) -> None:
+        budget = self.budget_s(cursor)
         try:
             if self._is_gloo:
                 work.wait(timeout=datetime.timedelta(seconds=budget))
@@ -230,28 +248,28 @@ class Communicator:
         except CommTimeoutError:
             raise
         except Exception as exc:
-            self._fail(phase, seq, f"{type(exc).__name__}: {str(exc)[:200]}")
+            self._fail(phase, cursor, seq, f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    def _arrived(self, seq: int) -> None:
+    def _arrived(self, cursor: CollectiveCursor, seq: int) -> None:
         store = self.mapping.store
         if store is not None:
             try:
-                store.delete_key(self._key(seq, self.mapping.rank))
+                store.delete_key(self._key(cursor, seq, self.mapping.rank))
             except Exception:
                 pass  # cleanup only; a lost store shows up at the next collective
 
-    def _missing_ranks(self, seq: int) -> list[int] | None:
+    def _missing_ranks(self, cursor: CollectiveCursor, seq: int) -> list[int] | None:
         store = self.mapping.store
         if store is None:
             return None
         try:
             return [r for r in range(self.mapping.world_size)
-                    if not store.check([self._key(seq, r)])]
+                    if not store.check([self._key(cursor, seq, r)])]
         except Exception:
             return None  # the store itself is gone (its host rank exited): unknown
 
-    def _fail(self, phase: str, seq: int, detail: str) -> None:
+    def _fail(self, phase: str, cursor: CollectiveCursor, seq: int, detail: str) -> None:
         self.poisoned = True
-        raise CommTimeoutError(layer=self.layer_idx, step=self._cursor.step, phase=phase,
-                               rank=self.mapping.rank, missing_ranks=self._missing_ranks(seq),
-                               detail=detail)
+        raise CommTimeoutError(layer=self.layer_idx, step=cursor.step, phase=phase,
+                               rank=self.mapping.rank,
+                               missing_ranks=self._missing_ranks(cursor, seq), detail=detail)

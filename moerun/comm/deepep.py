@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
+from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.env import Env
 
 __all__ = [

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import torch
 
-from moerun.backends.base import Deployment, Eligibility, Problem, RejectReason
+from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.comm.base import CombineHandle, CommStrategy, DispatchResult, PreparedDispatch
 from moerun.env import Env
 

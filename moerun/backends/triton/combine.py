@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moerun.backends.triton._compat import patch_interpreter
+from moerun._triton.compat import patch_interpreter
 
 patch_interpreter()
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moerun.backends.triton._compat import patch_interpreter
+from moerun._triton.compat import patch_interpreter
 
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import DownConfig

@@ -41,7 +41,8 @@ from typing import ClassVar
 
 import torch
 
-from moerun.backends.base import Backend, Deployment, Eligibility, Problem, RejectReason
+from moerun.backends.base import Backend
+from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.config import Activation
 from moerun.env import Env, get_env
 
