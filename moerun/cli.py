@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "--overhead, the host cost of one NVTX range without a profiler.")
     bench.add_argument("--overhead", action="store_true",
                        help="measure the cost of one moerun range (enter+exit) in ns")
+    bench.add_argument("--layer", action="store_true",
+                       help="time the whole layer (routing + scheduler + experts + shared "
+                            "expert): host issue time, eager and graph-replay time, the "
+                            "expert kernels alone, against the combined floor; --shapes takes "
+                            "layer shapes (qwen3-30b-a3b, deepseek-v3; tiny on CPU)")
     bench.add_argument("--n", type=int, default=200_000,
                        help="ranges timed with --overhead (default 200000)")
     from moerun.bench.command import add_arguments
@@ -216,6 +221,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.layer:
+        from moerun.bench.layer_command import run_layer_bench
+
+        return run_layer_bench(args)
     if not args.overhead:
         from moerun.bench.command import run
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from moerun.backends import Backend, backend_candidates, backend_class
@@ -44,7 +46,8 @@ def _check(x, w13, w2, topk_weights, topk_ids) -> None:
     devs = {t_.device for t_ in (x, w13, w2, topk_weights, topk_ids)}
     if len(devs) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
-    if topk_ids.numel():
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    if topk_ids.numel() and not capturing:  # skipped under CUDA-graph capture (a sync)
         lo, hi = int(topk_ids.min()), int(topk_ids.max())  # NOTE: device->host sync
         if lo < -1 or hi >= e:
             raise ValueError(f"topk_ids must be in [-1, {e}) (-1 = skip), got range "
@@ -61,37 +64,46 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         topk_weights: ``[T, K]`` (float, used as fp32). topk_ids: ``[T, K]`` int32/int64 in
             ``[0, E)`` or ``-1`` (skipped).
         backend: ``"auto"``, ``"reference"``, ``"triton"``, ``"grouped_mm"`` or a Backend.
-        check_inputs: validate (includes an id range check: a host sync).
+        check_inputs: validate (includes an id range check: a host sync, skipped while a
+            CUDA graph is being captured, so the call is capturable with the default).
 
-    Returns ``[T, H]`` in x.dtype. Single rank; no collective.
+    Returns ``[T, H]`` in x.dtype. Single rank; no collective. The backend for a given
+    choice and shape is resolved once and reused (backends hold no per-call state).
     """
     if check_inputs:
         _check(x, w13, w2, topk_weights, topk_ids)
     if isinstance(backend, Backend):
         impl = backend
     else:
-        if isinstance(backend, str):
-            choice = backend
-        elif isinstance(backend, type) and issubclass(backend, Backend):
-            choice = backend
-        else:
+        if not (isinstance(backend, str)
+                or (isinstance(backend, type) and issubclass(backend, Backend))):
             raise TypeError(f"backend must be a name, a Backend instance or class, got "
                             f"{type(backend).__name__}")
-        problem = Problem(num_experts=w13.shape[0], num_slots=w13.shape[0],
-                          top_k=topk_ids.shape[1], hidden_size=x.shape[1],
-                          intermediate_size=w13.shape[1] // 2, dtype=x.dtype,
-                          activation=Activation.SILU_GLU, device_type=x.device.type)
-        dep = Deployment(rank=0, world_size=1, comm_backend="none",
-                         num_local_slots=w13.shape[0], divisible=True)
-        env = get_env()
-        if choice == "auto":
-            impl = next(c for c in backend_candidates()
-                        if c.can_implement(problem, dep, env).ok)()
-        else:
-            cls = backend_class(choice) if isinstance(choice, str) else choice
-            elig = cls.can_implement(problem, dep, env)
-            if not elig.ok:
-                raise ValueError(f"backend={backend!r} cannot run here: {elig.reason.value}: "
-                                 f"{elig.detail}")
-            impl = cls()
-    return impl.run_experts(x, w13, w2, topk_weights.to(torch.float32), topk_ids.to(torch.int32))
+        impl = _backend_for(backend, w13.shape[0], topk_ids.shape[1], x.shape[1],
+                            w13.shape[1] // 2, x.dtype, x.device.type)
+    if topk_weights.dtype != torch.float32:
+        topk_weights = topk_weights.to(torch.float32)
+    if topk_ids.dtype != torch.int32:
+        topk_ids = topk_ids.to(torch.int32)
+    return impl.run_experts(x, w13, w2, topk_weights, topk_ids)
+
+
+@functools.lru_cache(maxsize=64)
+def _backend_for(choice: str | type[Backend], e: int, k: int, h: int, inter: int,
+                 dtype: torch.dtype, device_type: str) -> Backend:
+    """The backend instance ``choice`` resolves to for this shape (ValueError if it cannot
+    run). Pure apart from the one-time environment probe; memoised."""
+    problem = Problem(num_experts=e, num_slots=e, top_k=k, hidden_size=h,
+                      intermediate_size=inter, dtype=dtype, activation=Activation.SILU_GLU,
+                      device_type=device_type)
+    dep = Deployment(rank=0, world_size=1, comm_backend="none", num_local_slots=e,
+                     divisible=True)
+    env = get_env()
+    if choice == "auto":
+        return next(c for c in backend_candidates() if c.can_implement(problem, dep, env).ok)()
+    cls = backend_class(choice) if isinstance(choice, str) else choice
+    elig = cls.can_implement(problem, dep, env)
+    if not elig.ok:
+        raise ValueError(f"backend={choice!r} cannot run here: {elig.reason.value}: "
+                         f"{elig.detail}")
+    return cls()

@@ -34,6 +34,20 @@ __all__ = ["ConfigurableMoE"]
 log = logging.getLogger("moerun")
 
 
+class _Counters:
+    """The layer's forward counters, kept off ``nn.Module.__setattr__`` (a hot path)."""
+
+    __slots__ = ("step", "repeat_idx")
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.repeat_idx = 0
+
+    def advance(self, repeat_count: int) -> None:
+        self.step += 1
+        self.repeat_idx = (self.repeat_idx + 1) % repeat_count
+
+
 class ConfigurableMoE(nn.Module):
     """One MoE layer: routing, expert compute, communication, shared expert, balancer hooks.
 
@@ -91,8 +105,7 @@ class ConfigurableMoE(nn.Module):
         self.mapping = mapping
         self.layer_idx = layer_idx
         self.repeat_count = repeat_count
-        self.repeat_idx = 0
-        self.step = 0
+        self._counters = _Counters()
         self.recorder = recorder
         self.chunk_overlap = bool(chunk_overlap)
         self.streams = LayerStreams(self.device)
@@ -174,8 +187,7 @@ class ConfigurableMoE(nn.Module):
                                      all_rank_num_tokens=all_rank_num_tokens,
                                      use_dp_padding=use_dp_padding,
                                      input_ready_event=input_ready_event)
-        self.repeat_idx = (self.repeat_idx + 1) % self.repeat_count
-        self.step += 1
+        self._counters.advance(self.repeat_count)
         return out
 
     def _compiled_forward(self, x: torch.Tensor, router_logits: torch.Tensor,
@@ -190,6 +202,16 @@ class ConfigurableMoE(nn.Module):
                                             bool(use_dp_padding))
 
     # -- pieces the scheduler reads ----------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Forwards this layer has run (rank-identical: forwards are collective)."""
+        return self._counters.step
+
+    @property
+    def repeat_idx(self) -> int:
+        """Which of the ``repeat_count`` forwards of this model step runs next."""
+        return self._counters.repeat_idx
+
     def check_usable(self) -> None:
         """Raise :class:`LayerClosedError` if closed, poisoned or weights not loaded."""
         if self._closed:

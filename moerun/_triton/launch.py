@@ -76,8 +76,10 @@ class FastLauncher:
 
     def __init__(self, kernel: Any) -> None:
         self._kernel = kernel
+        self._cache: dict[tuple[Any, ...], Any] = {}
+        self._interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
         kinds = []
-        for p in kernel.params:
+        for p in getattr(kernel, "params", ()):  # an InterpretedFunction has none
             if p.is_constexpr:
                 kinds.append(0)
             elif p.do_not_specialize:
@@ -87,8 +89,6 @@ class FastLauncher:
             else:
                 kinds.append(1)
         self._kinds = tuple(kinds)
-        self._cache: dict[tuple[Any, ...], Any] = {}
-        self._interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
     @property
     def compiled_variants(self) -> int:

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
+from moerun._triton.launch import FastLauncher
 
 patch_interpreter()
 
@@ -272,6 +273,10 @@ def _moe_align_grid_kernel(
         tl.store(sorted_ids_ptr + base + rank, offs, mask=ok)
 
 
+_LAUNCH_SINGLE = FastLauncher(_moe_align_single_kernel)
+_LAUNCH_GRID = FastLauncher(_moe_align_grid_kernel)
+
+
 # ---------------------------------------------------------------- launcher
 def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
               zero: torch.Tensor | None = None, programs: int | None = None,
@@ -313,11 +318,13 @@ def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
     if g > 1 or grid_kernel:
         counts = torch.zeros((s_p2 + 1) * COUNTER_STRIDE, dtype=torch.int32, device=dev)  # memset
         scratch = torch.empty(num_pairs + g * s_p2, dtype=torch.int32, device=dev)
-        _moe_align_grid_kernel[(g + n_zero,)](
+        _LAUNCH_GRID(
+            (g + n_zero,),
             topk_ids, num_pairs, num_slots, sorted_ids, expert_ids, num_post, counts, scratch,
             max_rows, max_blocks, g, zero if zero is not None else counts, zero_numel,
-            BLOCK_M=block_m, S_P2=s_p2, CHUNK=GRID_CHUNK, CSTRIDE=COUNTER_STRIDE,
-            ZERO_BLOCK=ZERO_BLOCK, num_warps=GRID_WARPS,
+            # BLOCK_M, S_P2, CHUNK, CSTRIDE, ZERO_BLOCK
+            block_m, s_p2, GRID_CHUNK, COUNTER_STRIDE, ZERO_BLOCK,
+            num_warps=GRID_WARPS,
         )
         return Alignment(sorted_ids, expert_ids, num_post, block_m, num_pairs, max_blocks)
 
@@ -327,12 +334,14 @@ def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
     warps = 4 if chunk <= 512 else SINGLE_WARPS
 
     def launch(use_histogram: bool):
-        _moe_align_single_kernel[(1 + n_zero,)](
+        _LAUNCH_SINGLE(
+            (1 + n_zero,),
             topk_ids, num_pairs, num_slots,
             sorted_ids, expert_ids, num_post, cursor, max_rows, max_blocks,
             zero if zero is not None else cursor, zero_numel,
-            BLOCK_M=block_m, S_P2=s_p2, CHUNK=chunk,
-            ZERO_BLOCK=ZERO_BLOCK, USE_HISTOGRAM=use_histogram, num_warps=warps,
+            # BLOCK_M, S_P2, CHUNK, ZERO_BLOCK, USE_HISTOGRAM
+            block_m, s_p2, chunk, ZERO_BLOCK, use_histogram,
+            num_warps=warps,
         )
 
     if _USE_HISTOGRAM[0]:

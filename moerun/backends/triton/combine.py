@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
+from moerun._triton.launch import FastLauncher
 
 patch_interpreter()
 
@@ -49,6 +50,9 @@ def _moe_sum_kernel(
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=t_ok[:, None] & h_ok[None, :])
 
 
+_LAUNCH = FastLauncher(_moe_sum_kernel)
+
+
 # ---------------------------------------------------------------- launcher
 def moe_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_slots: int,
             out: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,8 +76,9 @@ def moe_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_slots: int,
         out = torch.empty(m, h, dtype=y.dtype, device=y.device)
     block_h = min(SUM_BLOCK_H, triton.next_power_of_2(h))
     grid = (triton.cdiv(m, SUM_BLOCK_T), triton.cdiv(h, block_h))
-    _moe_sum_kernel[grid](y, topk_ids, out, m, h, num_slots, y.stride(0), out.stride(0),
-                          TOP_K=k, BLOCK_T=SUM_BLOCK_T, BLOCK_H=block_h, num_warps=SUM_WARPS)
+    _LAUNCH(grid, y, topk_ids, out, m, h, num_slots, y.stride(0), out.stride(0),
+            k, SUM_BLOCK_T, block_h,  # TOP_K, BLOCK_T, BLOCK_H
+            num_warps=SUM_WARPS)
     return out
 
 

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
+from moerun._triton.launch import FastLauncher
 
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import DownConfig
@@ -91,6 +92,9 @@ def _down_kernel(
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_LAUNCH = FastLauncher(_down_kernel)
+
+
 # ---------------------------------------------------------------- launcher
 def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: torch.Tensor,
          top_k: int, cfg: DownConfig, *, atomic_out: torch.Tensor | None = None,
@@ -135,14 +139,16 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
             raise ValueError(f"out must be [{align.num_pairs}, {h}] {act.dtype}")
         dst = out
     grid = (align.max_blocks * triton.cdiv(h, cfg.block_n), cfg.split_k)
-    _down_kernel[grid](
+    _LAUNCH(
+        grid,
         act, w2, dst, topk_weights, align.sorted_ids, align.expert_ids, align.num_post,
         align.num_pairs, h, inter, align.max_blocks,
         act.stride(0), w2.stride(0), w2.stride(1), dst.stride(0),
-        TOP_K=top_k, BLOCK_M=align.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
-        EVEN_K=inter % (cfg.block_k * cfg.split_k) == 0, ATOMIC=atomic_out is not None,
-        PRECISION=dot_precision(act.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, EVEN_K, ATOMIC, PRECISION
+        top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.split_k,
+        inter % (cfg.block_k * cfg.split_k) == 0, atomic_out is not None,
+        dot_precision(act.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dst
 

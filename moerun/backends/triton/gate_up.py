@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
+from moerun._triton.launch import FastLauncher
 
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import GateUpConfig
@@ -107,6 +108,9 @@ def _gate_up_kernel(
     tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
 
 
+_LAUNCH = FastLauncher(_gate_up_kernel)
+
+
 # ---------------------------------------------------------------- launcher
 def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
             cfg: GateUpConfig, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,12 +143,14 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
     elif out.shape != (rows, inter) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{rows}, {inter}] {x.dtype}")
     grid = (align.max_blocks * triton.cdiv(inter, cfg.block_n),)
-    _gate_up_kernel[grid](
+    _LAUNCH(
+        grid,
         x, w13, out, align.sorted_ids, align.expert_ids, align.num_post,
         align.num_pairs, inter, h, align.max_blocks,
         x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
-        TOP_K=top_k, BLOCK_M=align.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, EVEN_K=h % cfg.block_k == 0, PRECISION=dot_precision(x.dtype),
+        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION
+        top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, h % cfg.block_k == 0,
+        dot_precision(x.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

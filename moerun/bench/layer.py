@@ -1,0 +1,248 @@
+"""``moerun bench --layer``: the whole ``ConfigurableMoE.forward`` against its own kernels.
+
+Per cell (layer shape x T), in one run and with ceilings measured in that run:
+
+* ``host_us``: host time to issue one forward with an idle device queue (sync, then a host
+  clock around the call; median) with ``check_inputs=False``, and ``host_checked_us`` with
+  ``check_inputs=True`` (its NaN scan is a documented host sync, so that figure includes
+  waiting for the device work queued before the scan);
+* ``eager_us``: device-event time per forward, forwards issued back to back (host gaps
+  included: when the host is slower than the device, this is host-bound);
+* ``graph_us``: per-forward time of a CUDA graph holding ``calls`` forwards (CUDA only);
+* ``kernels_eager_us`` / ``kernels_graph_us``: the backend's ``run_experts`` alone on the same
+  routings (what the layer adds is the difference);
+* the combined floor (routed experts + shared expert flops and bytes, plus the logits read)
+  and each time's ratio to it; a correctness check on sampled rows against an fp32 reference.
+
+Inputs are fresh random tensors (never zeros); ``calls`` input sets rotate through the eager
+samples and fill the graph. Legend: ``E`` experts, ``K`` top-k, ``H`` hidden, ``I`` expert
+intermediate, ``Is`` shared intermediate, ``T`` tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from moerun.bench.ceilings import Ceilings
+from moerun.bench.matrix import reference_rows
+from moerun.bench.shapes import BenchShape
+from moerun.bench.timing import GraphCaptureError, time_graph_replay, time_samples
+from moerun.config import MoEConfig, RoutingConfig, RoutingMethod
+
+__all__ = ["LayerShape", "LAYER_SHAPES", "DEFAULT_LAYER_SHAPES", "CPU_LAYER_SHAPES",
+           "LayerCell", "LayerSettings", "run_layer_cell", "combined_floor_us"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerShape:
+    """A whole MoE layer: ``name``, ``experts`` E, ``top_k`` K, ``hidden`` H,
+    ``intermediate`` I, ``shared`` Is (0 = none), ``routing``."""
+
+    name: str
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    shared: int
+    routing: RoutingConfig
+
+    def expert_shape(self) -> BenchShape:
+        return BenchShape(name=self.name, num_experts=self.experts, top_k=self.top_k,
+                          hidden=self.hidden, intermediate=self.intermediate)
+
+
+_DSV3_ROUTING = RoutingConfig(method=RoutingMethod.NOAUX_TC, renormalize=True,
+                              num_expert_group=8, topk_group=4, routed_scaling_factor=2.5)
+LAYER_SHAPES: dict[str, LayerShape] = {s.name: s for s in (
+    LayerShape(name="qwen3-30b-a3b", experts=128, top_k=8, hidden=2048, intermediate=768,
+               shared=0, routing=RoutingConfig(method=RoutingMethod.SOFTMAX_TOPK,
+                                               renormalize=True)),
+    LayerShape(name="deepseek-v3", experts=256, top_k=8, hidden=7168, intermediate=2048,
+               shared=2048, routing=_DSV3_ROUTING),
+    # CPU smoke shape (the default without CUDA): DeepSeek-like routing, a shared expert
+    LayerShape(name="tiny", experts=16, top_k=4, hidden=64, intermediate=32, shared=32,
+               routing=RoutingConfig(method=RoutingMethod.NOAUX_TC, renormalize=True,
+                                     num_expert_group=4, topk_group=2,
+                                     routed_scaling_factor=2.5)),
+)}
+DEFAULT_LAYER_SHAPES = ("qwen3-30b-a3b", "deepseek-v3")
+CPU_LAYER_SHAPES = ("tiny",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSettings:
+    """``device``, ``dtype``, ``backend`` (a ``backend=`` name), ``repeats`` (timed samples;
+    the median is reported), ``host_samples`` (forwards timed for the host figure),
+    ``warmup``, ``calls`` (input sets; forwards per graph), ``graph``, ``check_rows``,
+    ``seed``."""
+
+    device: torch.device
+    dtype: torch.dtype
+    backend: str = "auto"
+    repeats: int = 20
+    host_samples: int = 50
+    warmup: int = 3
+    calls: int = 10
+    graph: bool = True
+    check_rows: int = 32
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCell:
+    """One cell's figures (µs; None where not measured) and its floor."""
+
+    shape: str
+    tokens: int
+    backend: str
+    router: str
+    floor_us: float
+    bound: str
+    host_us: float
+    host_checked_us: float
+    eager_us: float
+    graph_us: float | None
+    kernels_eager_us: float
+    kernels_graph_us: float | None
+    err: float
+    note: str = ""
+
+    def ratio(self, us: float | None) -> float | None:
+        return None if us is None or us <= 0 else self.floor_us / us
+
+    def line(self) -> str:
+        def f(v: float | None, fmt: str = "{:9.1f}") -> str:
+            return fmt.format(v) if v is not None else "        -"
+
+        g_over_k = (None if self.graph_us is None or not self.kernels_graph_us
+                    else self.graph_us / self.kernels_graph_us)
+        return (f"{self.shape:14s} T={self.tokens:<5d} host {f(self.host_us)} "
+                f"host+chk {f(self.host_checked_us)} eager {f(self.eager_us)} "
+                f"graph {f(self.graph_us)} kern.graph {f(self.kernels_graph_us)} "
+                f"kern.eager {f(self.kernels_eager_us)} graph/kern {f(g_over_k, '{:5.3f}')} "
+                f"floor {self.floor_us:8.1f} ({self.bound}) floor/graph "
+                f"{f(self.ratio(self.graph_us), '{:5.3f}')} floor/eager "
+                f"{f(self.ratio(self.eager_us), '{:5.3f}')} err {self.err:.2e}")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def combined_floor_us(shape: LayerShape, tokens: int, experts_hit: float, elt: int,
+                      ceilings: Ceilings) -> tuple[float, str]:
+    """Floor of one forward: routed + shared flops over the matmul rate, or routed + shared
+    weight bytes, ``x`` read, output written and the fp32 logits read over the bandwidth
+    ceiling, whichever is larger; and which one it is. Pure arithmetic."""
+    h, i, k, s = shape.hidden, shape.intermediate, shape.top_k, shape.shared
+    flops = 2.0 * tokens * (k * 3 * h * i + 3 * h * s)
+    nbytes = (experts_hit * 3 * h * i + 3 * h * s) * elt + 2.0 * tokens * h * elt \
+        + tokens * shape.experts * 4
+    compute = flops / ceilings.flops * 1e6
+    memory = nbytes / ceilings.bandwidth * 1e6
+    return (memory, "memory") if memory >= compute else (compute, "compute")
+
+
+def _median_us(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e6
+
+
+def _host_us(fn: Callable[[int], Any], device: torch.device, samples: int) -> float:
+    """Median host time of one call issued with an idle device queue (sync before each)."""
+    times = []
+    for i in range(samples):
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # NOTE: host sync, outside the timed call
+        t0 = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t0)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return _median_us(times)
+
+
+def run_layer_cell(shape: LayerShape, tokens: int, settings: LayerSettings,
+                   ceilings: Ceilings) -> LayerCell:
+    """Build the layer, check it, time it. Allocates the layer's weights on the device
+    (deepseek-v3 bf16: 22.5 GB routed + 88 MB shared); frees them before returning."""
+    from moerun.layer import ConfigurableMoE
+
+    dev, dtype = settings.device, settings.dtype
+    gen = torch.Generator(device=dev).manual_seed(settings.seed * 7919 + tokens)
+    cfg = MoEConfig(num_experts=shape.experts, top_k=shape.top_k, hidden_size=shape.hidden,
+                    intermediate_size=shape.intermediate, routing=shape.routing, dtype=dtype,
+                    shared_intermediate_size=shape.shared, check_inputs=False)
+    e, h, i, s = shape.experts, shape.hidden, shape.intermediate, shape.shared
+
+    def rnd(*size: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, device=dev, dtype=dtype).mul_(scale)
+
+    with torch.no_grad(), ConfigurableMoE(cfg, backend=settings.backend, device=dev,
+                                          layer_idx=0) as layer:
+        w13, w2 = rnd(e, 2 * i, h, scale=h ** -0.5), rnd(e, h, i, scale=i ** -0.5)
+        shared = ({"w13": rnd(2 * s, h, scale=h ** -0.5), "w2": rnd(h, s, scale=s ** -0.5)}
+                  if s else None)
+        bias = (torch.randn(e, generator=gen, device=dev) * 0.1
+                if shape.routing.uses_correction_bias else None)
+        layer.load_weights(w13, w2, shared, e_score_correction_bias=bias)
+        del w13, w2
+        calls = max(1, settings.calls)
+        xs = [rnd(tokens, h) for _ in range(calls)]
+        logits = [torch.randn(tokens, e, generator=gen, device=dev) for _ in range(calls)]
+        routed = [layer.router(lg, valid_rows=tokens) for lg in logits]
+        hits = [int(torch.unique(r.topk_ids).numel()) for r in routed]  # NOTE: host sync
+        elt = torch.empty((), dtype=dtype).element_size()
+        floor, bound = combined_floor_us(shape, tokens, sum(hits) / len(hits), elt, ceilings)
+
+        # correctness on sampled rows: routed (fp32 reference) + shared (fp32)
+        out = layer(xs[0], logits[0])
+        rows = torch.randperm(tokens, generator=gen, device=dev)[: settings.check_rows]
+        w0, ids0 = routed[0]
+        ref = reference_rows(xs[0][rows], layer.w13, layer.w2, w0[rows], ids0[rows])
+        if layer.shared_expert is not None:
+            se = layer.shared_expert
+            xr = xs[0][rows].float()
+            gu = F.linear(xr, se.w13.float())
+            ref = ref + F.linear(F.silu(gu[:, :s]) * gu[:, s:], se.w2.float())
+        got = out[rows].float()
+        err = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+        def forward(j: int) -> torch.Tensor:
+            return layer(xs[j % calls], logits[j % calls])
+
+        def kernels(j: int) -> torch.Tensor:
+            w, ids = routed[j % calls]
+            return layer.backend.run_experts(xs[j % calls], layer.w13, layer.w2, w, ids)
+
+        host = _host_us(forward, dev, settings.host_samples)
+        layer.config = cfg.replace(check_inputs=True)  # bench only: the same weights, checked
+        host_checked = _host_us(forward, dev, settings.host_samples)
+        layer.config = cfg
+        eager = _median_us(time_samples(forward, dev, settings.repeats, warmup=settings.warmup))
+        k_eager = _median_us(time_samples(kernels, dev, settings.repeats,
+                                          warmup=settings.warmup))
+        graph = k_graph = None
+        notes = []
+        if settings.graph and dev.type == "cuda":
+            try:
+                graph = _median_us(time_graph_replay(forward, calls, settings.repeats,
+                                                     warmup=settings.warmup))
+                k_graph = _median_us(time_graph_replay(kernels, calls, settings.repeats,
+                                                       warmup=settings.warmup))
+            except GraphCaptureError as exc:
+                notes.append(f"graph capture failed: {exc}")
+        cell = LayerCell(shape=shape.name, tokens=tokens, backend=layer.report.backend,
+                         router=layer.report.router, floor_us=floor, bound=bound,
+                         host_us=host, host_checked_us=host_checked, eager_us=eager,
+                         graph_us=graph, kernels_eager_us=k_eager, kernels_graph_us=k_graph,
+                         err=err, note="; ".join(notes))
+        del xs, logits, routed, out
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return cell

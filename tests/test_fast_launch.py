@@ -1,0 +1,67 @@
+"""``moerun._triton.launch``: the cached-handle launcher's key is at least as fine as Triton's.
+
+A :class:`FastLauncher` reuses a compiled kernel for every call whose key matches the call
+that compiled it, so two argument values with equal keys must get equal specialisations from
+Triton's own binder (``native_specialize_impl``, the function ``kernel[grid]`` uses). This is
+checked here on the CPU over pairs of values that differ in exactly the ways Triton cares
+about (== 1, divisibility by 16, 32 vs 64 bits, dtype, pointer alignment). The launch itself
+is checked on the GPU (``tests/test_triton_gpu.py``, ``tests/test_layer_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from moerun._triton.launch import specialization_key  # noqa: E402
+
+# kind -> (specialize, align) arguments of native_specialize_impl
+_FLAGS = {1: (True, True), 2: (False, True), 3: (True, False)}
+
+
+def _values() -> list:
+    base = torch.empty(64, dtype=torch.float32)
+    ints = [0, 1, 2, 15, 16, 17, 32, -16, -1, 2 ** 31 - 16, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 16,
+            -(2 ** 31), -(2 ** 31) - 16]
+    tensors = [base, base[1:], base[4:], base[2:], base.to(torch.bfloat16),
+               base.to(torch.bfloat16)[8:], base.to(torch.bfloat16)[1:],
+               base.to(torch.int32), base.to(torch.int32)[3:]]
+    return ints + tensors + [0.5, 3.0, True, False, None]
+
+
+def _native(value, kind):
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    specialize, align = _FLAGS[kind]
+    return native_specialize_impl(CUDABackend, value, False, specialize, align)
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3])
+def test_equal_keys_mean_equal_triton_specialisation(kind):
+    values = _values()
+    checked = 0
+    for a, b in itertools.combinations(values, 2):
+        if specialization_key((a,), (kind,)) == specialization_key((b,), (kind,)):
+            assert _native(a, kind) == _native(b, kind), (a, b, kind)
+            checked += 1
+    assert checked > 20  # the pairs with equal keys are many (same class, different values)
+
+
+def test_key_separates_what_triton_separates():
+    # the converse on the interesting cases: a different specialisation -> a different key
+    base = torch.empty(64)
+    pairs = [(16, 17), (1, 2), (2 ** 31 - 16, 2 ** 31 + 16), (base, base[1:]),
+             (base, base.to(torch.bfloat16))]
+    for a, b in pairs:
+        assert _native(a, 1) != _native(b, 1)
+        assert specialization_key((a,), (1,)) != specialization_key((b,), (1,))
+
+
+def test_constexpr_values_are_part_of_the_key():
+    assert specialization_key((64, 128), (0, 0)) != specialization_key((64, 256), (0, 0))
+    assert specialization_key(("ieee",), (0,)) != specialization_key(("tf32",), (0,))

@@ -1,0 +1,116 @@
+"""The fused routing kernel against its torch twin, under the Triton interpreter (CPU).
+
+The interpreter must be chosen before triton is imported, so every kernel check runs in ONE
+subprocess started with ``TRITON_INTERPRET=1`` (this file, run as a script, is that worker;
+it prints one JSON line per case) and the tests read its report. fp32 and fp16 logits only:
+bf16 is wrong under the interpreter.
+
+What a case checks, per row (ties are allowed, so ids are never compared with the twin's):
+  * ids are distinct and in ``[0, E)``; rows past ``valid_rows`` are all ``-1`` with weight 0;
+  * grouped methods: the ids fall in at most ``topk_group`` groups;
+  * the sorted *selection* values (score + bias) of the kernel's ids equal those of the
+    twin's ids (a different id among exact ties has the same value);
+  * the kernel's weights equal the weights recomputed in fp64 from its own ids (score of each
+    id, renormalised, scaled): weights belong to the ids they sit next to;
+  * the sorted weights equal the twin's sorted weights.
+Smallest cases first: T=0, T=1, then odd T, T larger than one program's rows, top_k == E.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# name, method, E, K, groups, topk_group, renormalize, scale
+METHODS = [
+    ("softmax", "softmax_topk", 24, 4, 1, 1, False, 1.0),
+    ("softmax_renorm", "softmax_topk", 24, 4, 1, 1, True, 1.0),
+    ("topk_softmax", "topk_softmax", 8, 2, 1, 1, True, 1.0),
+    ("greedy_grouped", "group_limited_greedy", 32, 6, 4, 2, False, 2.5),
+    ("noaux_tc", "noaux_tc", 64, 8, 8, 4, True, 2.5),
+    ("noaux_tc_ungrouped", "noaux_tc", 16, 4, 1, 1, False, 1.0),
+    ("llama4", "llama4", 16, 1, 1, 1, False, 1.0),
+    ("sigmoid", "sigmoid_topk", 24, 3, 1, 1, False, 1.5),
+    ("sigmoid_renorm", "sigmoid_topk", 24, 3, 1, 1, True, 1.0),
+    ("sigmoid_bias", "sigmoid_bias_topk", 24, 3, 1, 1, True, 1.0),
+    ("all_experts_softmax", "softmax_topk", 8, 8, 1, 1, True, 1.0),
+    ("all_experts_sigmoid", "sigmoid_topk", 8, 8, 1, 1, False, 1.0),
+]
+TOKENS = [0, 1, 7, 37]
+
+
+# ---------------------------------------------------------------- the worker (subprocess)
+def _worker() -> None:  # pragma: no cover -- runs in the subprocess
+    import torch
+
+    from moerun.routing.kernel import block_rows, fused_route, kernel_spec
+    from tests.routing_check import make_routing_case, routing_problems
+
+    def emit(**kw):
+        print(json.dumps(kw), flush=True)
+
+    def case(name, method, e, k, groups, topk_group, renorm, scale, t, *, dtype, ties,
+             valid, strided, seed):
+        cfg, logits, bias = make_routing_case(method, e, groups, topk_group, renorm, scale, t,
+                                              dtype=dtype, ties=ties, strided=strided,
+                                              seed=seed)
+        got = fused_route(logits, k, kernel_spec(cfg), correction_bias=bias, valid_rows=valid)
+        problems = routing_problems(got, logits, bias, cfg, k, valid)
+        emit(name=name, ok=not problems, problems=problems[:4], rows_per_program=block_rows(e))
+
+    for i, (name, method, e, k, groups, topk_group, renorm, scale) in enumerate(METHODS):
+        for t in TOKENS:
+            for ties in (False, True):
+                case(f"{name}/T{t}/{'ties' if ties else 'random'}", method, e, k, groups,
+                     topk_group, renorm, scale, t, dtype=torch.float32, ties=ties, valid=t,
+                     strided=False, seed=10 * i + t)
+        # DP padding (valid rows < T), a strided row slice, fp16 logits
+        case(f"{name}/padded", method, e, k, groups, topk_group, renorm, scale, 21,
+             dtype=torch.float32, ties=False, valid=13, strided=True, seed=500 + i)
+        case(f"{name}/fp16", method, e, k, groups, topk_group, renorm, scale, 9,
+             dtype=torch.float16, ties=False, valid=9, strided=False, seed=700 + i)
+    # a DeepSeek-V3-sized case: E=256 in 8 groups, top-8 of 4 groups, more rows than a program
+    case("deepseek_v3/T19", "noaux_tc", 256, 8, 8, 4, True, 2.5, 19, dtype=torch.float32,
+         ties=False, valid=19, strided=False, seed=999)
+
+
+# ---------------------------------------------------------------- the tests (pytest side)
+@pytest.fixture(scope="module")
+def report() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = {}
+    for line in proc.stdout.splitlines():
+        rec = json.loads(line)
+        out[rec["name"]] = rec
+    return out
+
+
+def _names() -> list[str]:
+    names = [f"{m[0]}/T{t}/{kind}" for m in METHODS for t in TOKENS
+             for kind in ("random", "ties")]
+    names += [f"{m[0]}/{v}" for m in METHODS for v in ("padded", "fp16")]
+    return names + ["deepseek_v3/T19"]
+
+
+@pytest.mark.parametrize("name", _names())
+def test_kernel_matches_twin(report, name):
+    rec = report[name]
+    assert rec["ok"], rec["problems"]
+
+
+def test_cases_cover_more_rows_than_one_program(report):
+    # T=37 exceeds the rows one program owns for every E in the table (<= 16 rows each)
+    assert all(report[f"{m[0]}/T37/random"]["rows_per_program"] < 37 for m in METHODS)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _worker()
