@@ -48,12 +48,23 @@ class SharedExpert(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, H]`` -> ``[T, H]``."""
-        gate_up = x @ self.w13.t()
-        i = self.intermediate_size
-        y = (F.silu(gate_up[:, :i]) * gate_up[:, i:]) @ self.w2.t()
-        if self.gate is not None:
-            y = y * torch.sigmoid(x @ self.gate.t())
-        return y
+        return self._mlp(x, None)
+
+    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``out + self(x)`` for ``out [T, H]`` in x.dtype, in as few ops as possible: the
+        down projection accumulates into ``out`` (``addmm``) when there is no gate (each torch
+        op costs host time; a decode step is host-bound). Returns a new tensor."""
+        return self._mlp(x, out)
+
+    def _mlp(self, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        gate, up = F.linear(x, self.w13).chunk(2, dim=-1)
+        act = F.silu(gate).mul_(up)
+        if self.gate is None:
+            if out is None:
+                return F.linear(act, self.w2)
+            return torch.addmm(out, act, self.w2.t())
+        y = F.linear(act, self.w2).mul_(torch.sigmoid(F.linear(x, self.gate)))
+        return y if out is None else out + y
 
     def check(self, w13: torch.Tensor, w2: torch.Tensor, gate: torch.Tensor | None) -> None:
         """Raise ValueError unless :meth:`load` would accept these weights. No side effects."""

@@ -38,19 +38,19 @@ class LayerStreams:
             self._aux = torch.cuda.Stream(device=self.device)
         return self._aux
 
-    def begin(self, overlap: bool) -> tuple[Any, ...]:
-        """The streams a forward starting now will use: ``(main,)`` or ``(main, aux)`` on
-        CUDA, ``()`` on CPU. ``main`` is the current stream. With ``overlap`` the aux stream
-        first waits on main (every input written before the forward is visible to it).
-        No host sync; graph-safe (the wait is a captured event edge)."""
-        if not self.is_cuda:
-            return ()
-        main = torch.cuda.current_stream(self.device)
+    def begin(self, overlap: bool) -> tuple[Any, Any]:
+        """``(main, aux)`` for a forward starting now: with ``overlap`` (CUDA only) the
+        current stream and the aux stream, which first waits on main (every input written
+        before the forward is visible to it); otherwise ``(None, None)`` -- the forward runs
+        on the current stream, which callers ask for only if they need it (creating a
+        ``torch.cuda.Stream`` object costs several µs of host time). No host sync;
+        graph-safe (the wait is a captured event edge)."""
         if not overlap:
-            return (main,)
+            return None, None
+        main = torch.cuda.current_stream(self.device)
         aux = self.aux
         aux.wait_stream(main)
-        return (main, aux)
+        return main, aux
 
 
 def record_events(streams: Sequence[Any]) -> list[Any]:

@@ -138,7 +138,9 @@ class ForwardContext:
         tracer: this forward's (micro-batch's) :class:`Tracer`.
         cursor: the collective cursor every collective of this forward issues on.
         strategy: the communication strategy this forward runs (after the fallback check).
-        streams: CUDA streams this forward issues work on, main first (``()`` on CPU).
+        on_cuda: the layer runs on CUDA (streams exist).
+        main / aux: under chunk overlap, the main stream and the layer's aux stream; otherwise
+            None / None (the forward runs on the current stream). :attr:`streams` lists them.
         overlap: chunks alternate between the aux and the main stream (4.1 step 6).
         logits: ``[P, E]`` router logits (padded rows appended when ``plan.padded``).
         input: the ready-``x`` handle (:class:`ReadyInput`).
@@ -154,7 +156,9 @@ class ForwardContext:
     tracer: Tracer
     cursor: CollectiveCursor
     strategy: "CommStrategy"
-    streams: tuple[Any, ...]
+    on_cuda: bool
+    main: Any
+    aux: Any
     overlap: bool
     logits: torch.Tensor
     input: ReadyInput
@@ -165,9 +169,13 @@ class ForwardContext:
     experts_done: list[Any] = field(default_factory=list)
 
     @property
-    def main_stream(self) -> Any:
-        """The stream the forward started on (None on CPU)."""
-        return self.streams[0] if self.streams else None
+    def streams(self) -> tuple[Any, ...]:
+        """CUDA streams this forward issues work on, main first (``()`` on CPU). Without
+        overlap that is the current stream (the forward never switches streams then)."""
+        if not self.on_cuda:
+            return ()
+        main = self.main if self.main is not None else torch.cuda.current_stream()
+        return (main,) if self.aux is None else (main, self.aux)
 
     def x(self) -> torch.Tensor:
         """``[P, H]`` ready ``x`` for the current stream (see :meth:`ReadyInput.get`)."""

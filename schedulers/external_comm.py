@@ -93,9 +93,11 @@ class ExternalCommScheduler:
                 logits = router_logits.new_zeros((plan.local_rows, router_logits.shape[1]))
                 logits[: plan.num_tokens] = router_logits
         overlap = self.use_chunk_overlap(layer, plan, strategy)
+        main, aux = layer.streams.begin(overlap)
         return ForwardContext(
             plan=plan, tracer=tracer, cursor=cursor, strategy=strategy,
-            streams=layer.streams.begin(overlap), overlap=overlap, logits=logits,
+            on_cuda=layer.device.type == "cuda", main=main, aux=aux, overlap=overlap,
+            logits=logits,
             input=ReadyInput(x, rows=plan.local_rows, event=input_ready_event),
             hooks_begin=layer.repeat_idx == 0,
             hooks_end=layer.repeat_idx == layer.repeat_count - 1,
@@ -113,19 +115,19 @@ class ExternalCommScheduler:
             aux = ctx.overlap and c % 2 == 0
             role = "aux" if aux else "main"
             with tracer.chunk(c):
-                with self._on(layer, aux):
+                with self._on(ctx, aux):
                     dispatched = self.issue_dispatch(layer, ctx, c, role)
                 yield DISPATCH_ISSUED
-                with self._on(layer, aux):
+                with self._on(ctx, aux):
                     handle = self.run_experts_and_combine(layer, ctx, c, dispatched, role)
                 yield COMBINE_ISSUED
-                with self._on(layer, aux):
+                with self._on(ctx, aux):
                     outs.append(self.finish_chunk(layer, ctx, c, handle, role))
         return self.assemble(layer, ctx, outs)
 
     @staticmethod
-    def _on(layer: LayerView, aux: bool) -> Any:
-        return torch.cuda.stream(layer.streams.aux) if aux else _NULL
+    def _on(ctx: ForwardContext, aux: bool) -> Any:
+        return torch.cuda.stream(ctx.aux) if aux else _NULL
 
     def issue_dispatch(self, layer: LayerView, ctx: ForwardContext, c: int, role: str) -> Any:
         """Chunk ``c`` up to the issued dispatch: [start_wait] route [done_wait] statistic
@@ -200,7 +202,7 @@ class ExternalCommScheduler:
             out = out[: plan.num_tokens]  # strip DP padding (4.1 step 7)
         if layer.shared_expert is not None:
             with ctx.tracer.phase("shared"):
-                out = out + layer.shared_expert(ctx.input.raw)
+                out = layer.shared_expert.add_to(out, ctx.input.raw)
         return out
 
     # -- steps ---------------------------------------------------------------------------
@@ -215,7 +217,7 @@ class ExternalCommScheduler:
     def _join_aux(layer: LayerView, ctx: ForwardContext, outs: list[torch.Tensor]) -> None:
         """Main waits on aux; tensors used across streams are kept alive for both (outside
         capture: ``record_stream`` is not allowed while capturing)."""
-        main, aux = ctx.streams
+        main, aux = ctx.main, ctx.aux
         main.wait_stream(aux)
         if torch.cuda.is_current_stream_capturing():
             return

@@ -65,3 +65,30 @@ def test_key_separates_what_triton_separates():
 def test_constexpr_values_are_part_of_the_key():
     assert specialization_key((64, 128), (0, 0)) != specialization_key((64, 256), (0, 0))
     assert specialization_key(("ieee",), (0,)) != specialization_key(("tf32",), (0,))
+
+
+def test_hooks_count_as_installed_only_when_a_chain_holds_a_call():
+    # triton 3.6 keeps launch hooks as (empty) HookChain objects, never None by default
+    from triton.knobs import HookChain
+
+    from moerun._triton.launch import _hook_active
+
+    chain = HookChain()
+    assert not _hook_active(chain) and not _hook_active(None)
+    chain.add(lambda *a: None)
+    assert _hook_active(chain)
+    assert _hook_active(lambda *a: None)  # an older triton's plain callable
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3])
+def test_generated_key_function_separates_exactly_like_the_generic_key(kind):
+    from moerun._triton.launch import _key_function
+
+    values = _values()
+    for a, b in itertools.combinations(values, 2):
+        if type(a) is not type(b):
+            continue  # other types: a different key by construction (types are in it)
+        fn = _key_function((a,), (kind,))
+        same_generated = fn((a,)) == fn((b,))
+        same_generic = specialization_key((a,), (kind,)) == specialization_key((b,), (kind,))
+        assert same_generated == same_generic, (a, b, kind)

@@ -56,10 +56,10 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
         print(json.dumps(kw), flush=True)
 
     def case(name, method, e, k, groups, topk_group, renorm, scale, t, *, dtype, ties,
-             valid, strided, seed):
+             valid, strided, seed, bf16_values=False):
         cfg, logits, bias = make_routing_case(method, e, groups, topk_group, renorm, scale, t,
                                               dtype=dtype, ties=ties, strided=strided,
-                                              seed=seed)
+                                              seed=seed, bf16_values=bf16_values)
         got = fused_route(logits, k, kernel_spec(cfg), correction_bias=bias, valid_rows=valid)
         problems = routing_problems(got, logits, bias, cfg, k, valid)
         emit(name=name, ok=not problems, problems=problems[:4], rows_per_program=block_rows(e))
@@ -75,6 +75,10 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
              dtype=torch.float32, ties=False, valid=13, strided=True, seed=500 + i)
         case(f"{name}/fp16", method, e, k, groups, topk_group, renorm, scale, 9,
              dtype=torch.float16, ties=False, valid=9, strided=False, seed=700 + i)
+        # bf16-rounded values (stored fp32): natural ties among experts and whole groups
+        case(f"{name}/bf16_values", method, e, k, groups, topk_group, renorm, scale, 300,
+             dtype=torch.float32, ties=False, valid=300, strided=False, seed=900 + i,
+             bf16_values=True)
     # a DeepSeek-V3-sized case: E=256 in 8 groups, top-8 of 4 groups, more rows than a program
     case("deepseek_v3/T19", "noaux_tc", 256, 8, 8, 4, True, 2.5, 19, dtype=torch.float32,
          ties=False, valid=19, strided=False, seed=999)
@@ -97,7 +101,7 @@ def report() -> dict:
 def _names() -> list[str]:
     names = [f"{m[0]}/T{t}/{kind}" for m in METHODS for t in TOKENS
              for kind in ("random", "ties")]
-    names += [f"{m[0]}/{v}" for m in METHODS for v in ("padded", "fp16")]
+    names += [f"{m[0]}/{v}" for m in METHODS for v in ("padded", "fp16", "bf16_values")]
     return names + ["deepseek_v3/T19"]
 
 
@@ -114,3 +118,40 @@ def test_cases_cover_more_rows_than_one_program(report):
 
 if __name__ == "__main__":  # pragma: no cover
     _worker()
+
+
+# ---------------------------------------------------------------- the checker itself
+def _routed(ids, weights):
+    import torch
+
+    from moerun.routing import Routed
+
+    return Routed(torch.tensor(weights, dtype=torch.float32),
+                  torch.tensor(ids, dtype=torch.int32))
+
+
+def test_checker_accepts_any_valid_pick_under_tied_groups_and_nothing_else():
+    # E=4 in G=2 groups of 2, keep 1 group, top-2: both groups score the same, so picking
+    # group 1 (experts 2, 3) is as valid as the twin's group 0
+    import torch
+
+    from moerun.config import RoutingConfig
+    from tests.routing_check import routing_problems
+
+    cfg = RoutingConfig(method="group_limited_greedy", renormalize=False, num_expert_group=2,
+                        topk_group=1, routed_scaling_factor=1.0)
+    logits = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    p = logits.softmax(-1)[0].tolist()
+    assert routing_problems(_routed([[2, 3]], [[p[2], p[3]]]), logits, None, cfg, 2, 1) == []
+    assert routing_problems(_routed([[0, 1]], [[p[0], p[1]]]), logits, None, cfg, 2, 1) == []
+    mixed = routing_problems(_routed([[0, 2]], [[p[0], p[2]]]), logits, None, cfg, 2, 1)
+    assert any("groups" in m for m in mixed)
+    wrong_w = routing_problems(_routed([[2, 3]], [[p[3], p[2]]]), logits, None, cfg, 2, 1)
+    assert any("own ids" in m for m in wrong_w)
+    # an unpicked expert above a pick inside the chosen group is never valid
+    logits = torch.tensor([[1.0, 0.5, 1.0, 0.5, 0.9, 0.0]])
+    cfg = RoutingConfig(method="group_limited_greedy", renormalize=False, num_expert_group=3,
+                        topk_group=2, routed_scaling_factor=1.0)
+    p = logits.softmax(-1)[0].tolist()
+    bad = routing_problems(_routed([[0, 2, 5]], [[p[0], p[2], p[5]]]), logits, None, cfg, 3, 1)
+    assert bad

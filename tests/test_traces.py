@@ -468,6 +468,7 @@ def test_record_function_only_while_profiling(restore_backend, monkeypatch):
 
 
 def test_backend_prefers_nvtx_package(restore_backend, monkeypatch):
+    monkeypatch.setenv("MOERUN_NVTX", "1")
     fake = FakeNvtx()
     monkeypatch.setitem(sys.modules, "nvtx", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -479,6 +480,8 @@ def test_backend_prefers_nvtx_package(restore_backend, monkeypatch):
 
 
 def test_backend_torch_cuda_nvtx_without_package(restore_backend, monkeypatch):
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so")
+    monkeypatch.delenv("MOERUN_NVTX", raising=False)
     calls: list[tuple] = []
     monkeypatch.setitem(sys.modules, "nvtx", None)  # `import nvtx` raises ImportError
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -505,12 +508,33 @@ def test_backend_none_on_cpu_without_package(restore_backend, monkeypatch):
 
 
 def test_backend_incomplete_package_falls_back_with_warning(restore_backend, monkeypatch, caplog):
+    monkeypatch.setenv("MOERUN_NVTX", "1")
     monkeypatch.setitem(sys.modules, "nvtx", types.ModuleType("nvtx"))  # no start_range etc.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     N._set_backend_for_tests(None)
     with caplog.at_level(logging.WARNING, logger="traces.nvtx"):
         assert traces.nvtx_backend() == "none"
     assert "pip install -U nvtx" in caplog.text
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({}, "none"), ({"NVTX_INJECTION64_PATH": "/x/lib.so"}, "nvtx"),
+    ({"NSYS_PROFILING_SESSION_ID": "3"}, "nvtx"), ({"MOERUN_NVTX": "1"}, "nvtx"),
+    ({"MOERUN_NVTX": "0", "NVTX_INJECTION64_PATH": "/x/lib.so"}, "none")])
+def test_no_nvtx_calls_without_an_attached_tool(restore_backend, monkeypatch, env, expect):
+    # NVTX drops ranges when no tool listens; moerun then skips the calls (host cost)
+    for var in ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH", "NSYS_PROFILING_SESSION_ID",
+                "MOERUN_NVTX"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    fake = FakeNvtx()
+    monkeypatch.setitem(sys.modules, "nvtx", fake)
+    N._set_backend_for_tests(None)
+    assert traces.nvtx_backend() == expect
+    with Tracer(layer_idx=0).phase("route"):
+        pass
+    assert bool(fake.calls) == (expect == "nvtx")
 
 
 def test_set_backend_for_tests_rejects_incomplete_module(restore_backend):

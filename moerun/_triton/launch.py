@@ -18,20 +18,35 @@ other assumptions:
 * the current CUDA device.
 
 It falls back to the plain ``kernel[grid](...)`` path under ``TRITON_INTERPRET=1`` (CPU tests)
-and whenever a Triton launch hook is installed (profilers such as proton rely on it). Not
-thread-safe for the first launch of a key (two threads may both compile; harmless).
+and whenever a Triton launch hook is installed (profilers such as proton rely on it; Triton
+3.6 keeps the hooks as ``HookChain`` objects, empty by default, so "installed" means a
+non-empty chain). Without hooks the launch metadata and hook arguments are ``None``, which
+also spares the C launcher a Python call per launch. Not thread-safe for the first launch of
+a key (two threads may both compile; harmless).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["FastLauncher", "specialization_key"]
+__all__ = ["FastLauncher", "specialization_key", "cdiv", "next_pow2"]
 
 _I32_MIN, _I32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host ints. NOTE: ``triton.cdiv`` is a constexpr function in Triton
+    3.6 and costs ~2 µs per host call; launchers call this one instead."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``); a host-side
+    ``triton.next_power_of_2`` without its constexpr-function overhead."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def specialization_key(args: tuple[Any, ...], kinds: tuple[int, ...]) -> tuple[Any, ...]:
@@ -61,6 +76,47 @@ def specialization_key(args: tuple[Any, ...], kinds: tuple[int, ...]) -> tuple[A
     return tuple(key)
 
 
+def _key_function(args: tuple[Any, ...], kinds: tuple[int, ...]) -> Callable[..., tuple]:
+    """A generated function computing :func:`specialization_key` (plus every argument's type)
+    for calls whose argument types match ``args``; several times faster than the generic loop.
+
+    A call with other types gets a different key (the types are in it) or raises inside the
+    function (e.g. ``.dtype`` of an int); the launcher then uses the generic loop."""
+    wide = "({v} > 2147483647 or {v} < -2147483648)"
+    parts = []
+    for i, (a, kind) in enumerate(zip(args, kinds)):
+        v = f"a[{i}]"
+        if kind == 0:
+            parts.append(v)
+            continue
+        parts.append(f"type({v})")
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{v}.dtype")
+            if kind == 1:
+                parts.append(f"{v}.data_ptr() & 15 == 0")
+        elif type(a) is int:
+            if kind != 2:
+                parts.append(f"{v} == 1")
+            if kind == 1:
+                parts.append(f"{v} & 15 == 0")
+            parts.append(wide.format(v=v))
+    namespace: dict[str, Any] = {}
+    exec(f"def key(a):\n    return ({', '.join(parts)},)\n", namespace)  # noqa: S102
+    return namespace["key"]
+
+
+def _hook_active(hook: Any) -> bool:
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)  # triton >= 3.5: a HookChain, empty by default
+    return bool(calls) if calls is not None else True
+
+
+def _hooks_installed(rt: Any) -> bool:
+    """A Triton launch hook (enter or exit) is installed now on ``knobs.runtime``."""
+    return _hook_active(rt.launch_enter_hook) or _hook_active(rt.launch_exit_hook)
+
+
 class FastLauncher:
     """``launcher(grid, *args, num_warps=..., num_stages=...)`` == ``kernel[grid](*args, ...)``.
 
@@ -72,7 +128,7 @@ class FastLauncher:
     compiled launcher is what ``kernel[grid]`` would call).
     """
 
-    __slots__ = ("_kernel", "_kinds", "_cache", "_interpret")
+    __slots__ = ("_kernel", "_kinds", "_cache", "_interpret", "_runtime", "_key")
 
     def __init__(self, kernel: Any) -> None:
         self._kernel = kernel
@@ -89,6 +145,10 @@ class FastLauncher:
             else:
                 kinds.append(1)
         self._kinds = tuple(kinds)
+        self._key: Callable[..., tuple] | None = None  # generated at the first launch
+        from triton import knobs
+
+        self._runtime = knobs.runtime  # read per launch: hooks may be installed later
 
     @property
     def compiled_variants(self) -> int:
@@ -100,14 +160,19 @@ class FastLauncher:
         if self._interpret:
             self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
-        from triton import knobs
-
-        if knobs.runtime.launch_enter_hook is not None \
-                or knobs.runtime.launch_exit_hook is not None:
+        if _hooks_installed(self._runtime):
             self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
-        device = torch.cuda.current_device()
-        key = (device, num_warps, num_stages, specialization_key(args, self._kinds))
+        device = torch._C._cuda_getDevice()
+        key_fn = self._key
+        try:
+            spec = key_fn(args)  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - not generated yet, or other argument types
+            spec = specialization_key(args, self._kinds) + tuple(type(a) for a in args)
+            if key_fn is None:
+                self._key = _key_function(args, self._kinds)
+                spec = self._key(args)
+        key = (device, num_warps, num_stages, spec)
         compiled = self._cache.get(key)
         if compiled is None:  # first launch of this specialisation: the JIT path compiles
             compiled = self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)

@@ -29,8 +29,10 @@ class NoComm(CommStrategy):
 
     def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
                  async_op: bool = False) -> DispatchResult:
-        return DispatchResult(x=x, topk_ids=topk_ids.to(torch.int32), topk_weights=topk_weights,
-                              counts_per_source=(x.shape[0],))
+        if topk_ids.dtype != torch.int32:
+            topk_ids = topk_ids.to(torch.int32)
+        return DispatchResult(x=x, topk_ids=topk_ids, topk_weights=topk_weights,
+                              counts_per_source=(x.shape[0],), cursor=prepared.cursor)
 
     def combine(self, expert_out, dispatch, *, async_op: bool = False):
         if async_op:

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
-from moerun._triton.launch import FastLauncher
+from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 from moerun.config import RoutingConfig, RoutingMethod
 from moerun.routing.methods import _RENORM_EPS, Routed
 
@@ -186,7 +186,7 @@ _LAUNCH = FastLauncher(_route_kernel)
 # ---------------------------------------------------------------- launcher
 def block_rows(num_experts: int) -> int:
     """Rows per program for ``E`` experts (a power of two; ``BLOCK_T * E_P2 <= 4096``)."""
-    e_p2 = triton.next_power_of_2(num_experts)
+    e_p2 = next_pow2(num_experts)
     return max(1, min(16, _ELEMENTS_PER_PROGRAM // e_p2))
 
 
@@ -226,11 +226,11 @@ def fused_route(router_logits: torch.Tensor, top_k: int, spec: RouteSpec, *,
         return Routed(weights, ids)
     valid = t if valid_rows is None else valid_rows
     bt = block_rows(e)
-    _LAUNCH((triton.cdiv(t, bt),),
+    _LAUNCH((cdiv(t, bt),),
             router_logits, correction_bias if spec.has_bias else weights, weights, ids,
             t, valid, router_logits.stride(0), spec.scale,
-            e, triton.next_power_of_2(e), top_k, triton.next_power_of_2(top_k), bt,
+            e, next_pow2(e), top_k, next_pow2(top_k), bt,
             spec.sigmoid, spec.has_bias, spec.group_score, spec.num_groups,
-            triton.next_power_of_2(spec.num_groups), spec.topk_group, spec.renormalize,
-            spec.eps, num_warps=4 if bt * triton.next_power_of_2(e) <= 2048 else 8)
+            next_pow2(spec.num_groups), spec.topk_group, spec.renormalize,
+            spec.eps, num_warps=4 if bt * next_pow2(e) <= 2048 else 8)
     return Routed(weights, ids)

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
-from moerun._triton.launch import FastLauncher
+from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 
 patch_interpreter()
 
@@ -83,7 +83,7 @@ class Alignment:
 def max_blocks_for(num_pairs: int, num_slots: int, block_m: int) -> int:
     """Static upper bound on blocks: every non-empty slot wastes at most ``BM-1`` rows."""
     rows = num_pairs + min(num_slots, num_pairs) * (block_m - 1)
-    return max(1, triton.cdiv(rows, block_m))
+    return max(1, cdiv(rows, block_m))
 
 
 def align_programs(num_pairs: int, device: torch.device) -> int:
@@ -97,7 +97,7 @@ def align_programs(num_pairs: int, device: torch.device) -> int:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _NUM_SMS:
         _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return max(2, min(_NUM_SMS[idx], triton.cdiv(num_pairs, GRID_CHUNK)))
+    return max(2, min(_NUM_SMS[idx], cdiv(num_pairs, GRID_CHUNK)))
 
 
 # ---------------------------------------------------------------- kernels
@@ -306,12 +306,17 @@ def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
     num_pairs = topk_ids.numel()
     max_blocks = max_blocks_for(num_pairs, num_slots, block_m)
     max_rows = max_blocks * block_m
-    s_p2 = max(32, triton.next_power_of_2(num_slots))
-    sorted_ids = torch.empty(max_rows, dtype=torch.int32, device=dev)
-    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
-    num_post = torch.empty(1, dtype=torch.int32, device=dev)
+    s_p2 = max(32, next_pow2(num_slots))
+    # NOTE: one allocation for every int32 output (and the single kernel's cursor scratch),
+    # each part starting on a 16-byte boundary: host time, not device time, is what a decode
+    # step spends here (each torch.empty costs ~4 µs of host time on the H200 machine)
+    blocks_pad = cdiv(max_blocks, 4) * 4
+    buf = torch.empty(max_rows + blocks_pad + 4 + s_p2, dtype=torch.int32, device=dev)
+    sorted_ids, expert_ids, num_post, cursor = buf.split((max_rows, blocks_pad, 4, s_p2))
+    expert_ids = expert_ids[:max_blocks]
+    num_post = num_post[:1]
     zero_numel = 0 if zero is None else zero.numel()
-    n_zero = triton.cdiv(zero_numel, ZERO_BLOCK)
+    n_zero = cdiv(zero_numel, ZERO_BLOCK)
     g = programs or align_programs(num_pairs, dev)
     if grid_kernel is False:
         g = 1
@@ -328,9 +333,8 @@ def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
         )
         return Alignment(sorted_ids, expert_ids, num_post, block_m, num_pairs, max_blocks)
 
-    cursor = torch.empty(s_p2, dtype=torch.int32, device=dev)
     # decode sizes: a narrower program (fewer warps to synchronise, shorter chains)
-    chunk = min(ALIGN_CHUNK, max(256, triton.next_power_of_2(max(num_pairs, max_rows // 4))))
+    chunk = min(ALIGN_CHUNK, max(256, next_pow2(max(num_pairs, max_rows // 4))))
     warps = 4 if chunk <= 512 else SINGLE_WARPS
 
     def launch(use_histogram: bool):

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
-from moerun._triton.launch import FastLauncher
+from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 
 patch_interpreter()
 
@@ -74,8 +74,8 @@ def moe_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_slots: int,
         raise ValueError("topk_ids must be a contiguous int32 tensor")
     if out is None:
         out = torch.empty(m, h, dtype=y.dtype, device=y.device)
-    block_h = min(SUM_BLOCK_H, triton.next_power_of_2(h))
-    grid = (triton.cdiv(m, SUM_BLOCK_T), triton.cdiv(h, block_h))
+    block_h = min(SUM_BLOCK_H, next_pow2(h))
+    grid = (cdiv(m, SUM_BLOCK_T), cdiv(h, block_h))
     _LAUNCH(grid, y, topk_ids, out, m, h, num_slots, y.stride(0), out.stride(0),
             k, SUM_BLOCK_T, block_h,  # TOP_K, BLOCK_T, BLOCK_H
             num_warps=SUM_WARPS)

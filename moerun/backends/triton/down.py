@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
-from moerun._triton.launch import FastLauncher
+from moerun._triton.launch import FastLauncher, cdiv
 
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import DownConfig
@@ -138,7 +138,7 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
         elif out.shape != (align.num_pairs, h) or out.dtype != act.dtype or out.stride(1) != 1:
             raise ValueError(f"out must be [{align.num_pairs}, {h}] {act.dtype}")
         dst = out
-    grid = (align.max_blocks * triton.cdiv(h, cfg.block_n), cfg.split_k)
+    grid = (align.max_blocks * cdiv(h, cfg.block_n), cfg.split_k)
     _LAUNCH(
         grid,
         act, w2, dst, topk_weights, align.sorted_ids, align.expert_ids, align.num_post,

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
-from moerun._triton.launch import FastLauncher
+from moerun._triton.launch import FastLauncher, cdiv
 
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import GateUpConfig
@@ -142,7 +142,7 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
         out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
     elif out.shape != (rows, inter) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{rows}, {inter}] {x.dtype}")
-    grid = (align.max_blocks * triton.cdiv(inter, cfg.block_n),)
+    grid = (align.max_blocks * cdiv(inter, cfg.block_n),)
     _LAUNCH(
         grid,
         x, w13, out, align.sorted_ids, align.expert_ids, align.num_post,
