@@ -54,8 +54,9 @@ class HFMoEBlock(nn.Module):
     ``[..., H]`` (same shape as the input), or for Llama 4 the tuple ``(out [T, H], router
     logits [T, E])``. Per call: one router call, then ``moe(x [T, H], logits [T, E])`` (a
     collective under expert parallelism: every rank must call every layer the same number of
-    times; the token counts are all-gathered, a host sync). Inference only: no gradient flows
-    through the experts, and training-only router jitter is not applied.
+    times; the token counts are all-gathered, a host sync). Inference semantics: the expert
+    weights are frozen (``requires_grad=False``), training-only router jitter is not applied,
+    and training through the layer is not tested.
 
     ``.to(dtype)`` / ``.to(device)`` / ``.half()`` ... (any ``nn.Module._apply``): the router
     and buffers are converted as usual; if the target dtype or device differs from the
@@ -184,7 +185,8 @@ def patch_model(model: nn.Module, *, mapping: Mapping | None = None,
         The number of blocks replaced (0 when every supported block was already replaced).
 
     Raises:
-        ValueError: the model holds no supported block (lists the supported ones); ``balancer``
+        ValueError: the model holds no supported block (lists the supported ones) or is one
+            (use :func:`moerun.from_hf`); ``balancer``
             is a per-layer handle (it must be an ``eplb.LoadBalancer``); any error of
             :func:`moerun.from_hf`, before any block is replaced.
         TypeError: ``layer_idx`` was passed (it comes from the module path).
@@ -209,6 +211,9 @@ def patch_model(model: nn.Module, *, mapping: Mapping | None = None,
         raise ValueError(f"patch_model found no supported MoE block in "
                          f"{type(model).__name__}; supported transformers 5.x blocks: "
                          f"{', '.join(SUPPORTED_BLOCKS)}")
+    if targets[0][0] == "":
+        raise ValueError(f"patch_model got a bare {type(model).__name__}; it replaces the "
+                         "blocks inside a model. For one block use moerun.from_hf(block)")
     for _, block in targets:  # every check first, so an error leaves the model untouched
         _block_parts(block, config_kwargs)
     for n, (name, block) in enumerate(targets):

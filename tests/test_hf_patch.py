@@ -301,6 +301,10 @@ def test_patch_model_errors():
                                          r"supported transformers 5.x blocks: MixtralSparseMoe"):
         moerun.patch_model(nn.Linear(4, 4))
     model = tiny_model("mixtral")
+    with pytest.raises(ValueError, match=r"patch_model got a bare MixtralSparseMoeBlock; it "
+                                         r"replaces the blocks inside a model. For one block "
+                                         r"use moerun.from_hf\(block\)"):
+        moerun.patch_model(model.model.layers[0].mlp)
     with pytest.raises(TypeError, match=r"patch_model\(layer_idx=...\) is not accepted"):
         moerun.patch_model(model, layer_idx=3)
     with pytest.raises(ValueError, match=r"patch_model\(balancer=int\): pass the model-wide "
