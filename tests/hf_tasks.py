@@ -202,3 +202,34 @@ def lazy_load_task(ctx, *, counts=(5, 2, 7), seed: int = 3) -> dict:
         out = layer(case.x[lo:hi], case.logits[lo:hi], all_rank_num_tokens=list(counts))
         err = rel_err(out, reference_output(cfg, case)[lo:hi])
     return {"read": sorted(set(read)), "copied": copied, "err": err}
+
+
+def readme_acceptance_task(ctx, *, family: str, length: int, new_tokens: int = 10,
+                           zero_experts: bool = False) -> dict:
+    """The acceptance script of issue 13, using only the README's public API: a tiny model
+    as transformers builds it (its own initialisation, ``initializer_range=0.2`` so that the
+    experts move the tokens), one ``moerun.patch_model`` call (``Mapping.from_group`` under
+    EP), greedy tokens before and after. ``zero_experts``: the negative control (zero the
+    patched experts; the tokens must then change)."""
+    import transformers
+
+    import moerun
+
+    config_cls, model_cls, kwargs = FAMILIES[family]
+    torch.manual_seed(7)
+    config = getattr(transformers, config_cls)(**dict(_COMMON, **kwargs),
+                                               initializer_range=0.2)
+    model = getattr(transformers, model_cls)(config).eval()
+    ids = prompt(length, seed=300 + _rank(ctx))
+    greedy_kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                     pad_token_id=0)
+    before = model.generate(ids, **greedy_kw)
+    mapping = None if ctx is None else moerun.Mapping.from_group(ctx.group)
+    replaced = moerun.patch_model(model, mapping=mapping)
+    if zero_experts:
+        with torch.no_grad():
+            for block in model.modules():
+                if isinstance(block, moerun.HFMoEBlock):
+                    block.moe.w2.zero_()
+    after = model.generate(ids, **greedy_kw)
+    return {"replaced": replaced, "before": before.tolist(), "after": after.tolist()}
