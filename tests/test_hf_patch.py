@@ -439,7 +439,7 @@ def test_patch_model_ep2(family, pools):
         assert r["tokens"] == r["ref_tokens"]
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "mixtral", "qwen2_moe", "llama4"])
+@pytest.mark.parametrize("family", ALL)
 def test_patch_model_ep3(family, pools):
     res = pools(3).run(patched_generation_task, family=_family(family), lengths=[9, 1, 4],
                        comm="alltoall")
