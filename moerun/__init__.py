@@ -27,12 +27,24 @@ _EXPORTS = {
     "EPLBStepMismatch": "moerun.errors",
     "get_env": "moerun.env",
     "from_hf": "moerun.hf",
+    "router_weight": "moerun.hf",
+    "SUPPORTED_BLOCKS": "moerun.hf",
+    "patch_model": "moerun.hf_patch",
+    "HFMoEBlock": "moerun.hf_patch",
+    "register_experts_interface": "moerun.hf_experts",
+    "checkpoint_expert_items": "moerun.hf_checkpoint",
+    "load_expert_checkpoint": "moerun.hf_checkpoint",
 }
+
+#: Submodules reachable as attributes without importing them first (``moerun.hf.from_hf``).
+_SUBMODULES = ("hf",)
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"moerun.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'moerun' has no attribute {name!r}")
@@ -42,4 +54,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))

@@ -2,7 +2,8 @@
 
 Used by :meth:`MoEConfig.from_hf_config` and :func:`moerun.hf.from_hf`. Pure: reads a plain
 mapping (``json.load`` of a ``config.json``, or ``PretrainedConfig.to_dict()``) and never
-imports ``transformers``.
+imports ``transformers``; :func:`read_hf_config` turns the accepted sources (a mapping, a
+``config.json`` path, a model directory, a ``PretrainedConfig``) into that mapping.
 
 Field names were checked against the transformers 5.x configuration classes
 (``models/*/configuration_*.py``) and the released checkpoints' ``config.json`` files.
@@ -54,13 +55,15 @@ float: load dequantized weights).
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Callable, Mapping
 
 import torch
 
 from moerun.routing_config import SUPPORTED_DTYPES, RoutingConfig, RoutingMethod
 
-__all__ = ["moe_config_kwargs", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["moe_config_kwargs", "read_hf_config", "SUPPORTED_MODEL_TYPES"]
 
 _REQUIRED = object()
 
@@ -358,3 +361,48 @@ def moe_config_kwargs(hf: Mapping[str, Any], *, dtype: torch.dtype | None = None
     kwargs["dtype"] = _parse_dtype(dtype, "dtype") if dtype is not None \
         else _hf_dtype(hf, outer)
     return kwargs
+
+
+def read_hf_config(source: Any) -> Mapping[str, Any]:
+    """The ``config.json`` mapping of ``source``.
+
+    Args:
+        source: a mapping (returned as is); a path (``str`` or ``os.PathLike``) to a
+            ``config.json`` file or to a model directory that holds one (what
+            ``save_pretrained`` writes); or an object with a callable ``to_dict()`` (a
+            ``transformers.PretrainedConfig``, read with ``to_dict()``).
+
+    Raises:
+        FileNotFoundError: the path, or ``config.json`` in the directory, does not exist.
+        ValueError: the file is not valid JSON or does not hold a JSON object.
+        TypeError: any other type of ``source``.
+
+    Side effects: reads the file; no ``transformers`` import.
+    """
+    if isinstance(source, Mapping):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"from_hf_config: {path!r} does not exist; pass a "
+                                    "config.json file or a model directory holding one")
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"from_hf_config: {path!r} is not valid JSON: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"from_hf_config: {path!r} holds a JSON {type(data).__name__}; "
+                             "expected an object (a config.json)")
+        return data
+    to_dict = getattr(source, "to_dict", None)
+    if callable(to_dict):
+        data = to_dict()
+        if not isinstance(data, Mapping):
+            raise TypeError(f"from_hf_config: {type(source).__name__}.to_dict() returned "
+                            f"{type(data).__name__}, expected a dict")
+        return data
+    raise TypeError(f"from_hf_config: hf must be a dict, a path to a config.json or a model "
+                    f"directory, or a PretrainedConfig; got {type(source).__name__}")

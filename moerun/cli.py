@@ -7,6 +7,8 @@ range cost); ``tune`` fills the Triton config files; ``eplb-sim`` simulates the 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections import defaultdict
 from typing import Any, Sequence
@@ -34,11 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run", help="run one MoE layer forward and check it against ReferenceExperts",
         description="Build a small DeepSeek-like MoE layer (grouped noaux_tc routing with a "
-                    "correction bias, a shared expert), run one forward on --ranks processes "
-                    "and check every rank's output against a single-process fp64 reference "
-                    "of the same global batch. Prints the resolution report, each rank's "
-                    "relative error and the time per phase (rank 0, from a torch.profiler "
-                    "trace of the NVTX ranges). Exits 1 if an error exceeds the DESIGN bound.")
+                    "correction bias, a shared expert), run it on --ranks processes and check "
+                    "every rank's output against a single-process fp64 reference of the same "
+                    "global batch. Prints the resolution report, the chunk count, each rank's "
+                    "relative error and the time per phase (rank 0: the CPU time of the NVTX "
+                    "ranges of one forward after a warm-up forward). Exits 1 if an error "
+                    "exceeds the DESIGN bound, 2 on a usage error (an unknown or unavailable "
+                    "--backend or --comm included).")
     run.add_argument("--dtype", choices=_DTYPES, default="float32",
                      help="activation/weight dtype (default float32; TF32 is turned off)")
     run.add_argument("--tokens", type=_tokens, default=None,
@@ -57,28 +61,33 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--topk-groups", type=int, default=2,
                      help="groups kept per token (default 2)")
     run.add_argument("--max-num-tokens", type=int, default=None,
-                     help="rows per chunk (DP: gathered across ranks); default: one chunk")
+                     help="rows per chunk (with --ranks > 1: rows one chunk gathers across "
+                          "the ranks); default: one chunk")
     run.add_argument("--ranks", type=int, default=1,
-                     help="processes to spawn (gloo on CPU, NCCL when that many GPUs exist)")
-    run.add_argument("--comm", choices=("auto", "allgather", "alltoall"), default="auto",
-                     help="communication strategy (default auto)")
+                     help="processes to spawn (gloo on CPU, NCCL when that many GPUs exist; "
+                          "default 1)")
+    run.add_argument("--comm", default="auto",
+                     help="communication strategy: auto, allgather, alltoall (default auto: "
+                          "none on one rank, allgather on several)")
     run.add_argument("--backend", default="auto",
                      help="expert backend: auto, reference, triton, grouped_mm (default auto)")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="device (default: cuda if available, else cpu)")
-    run.add_argument("--seed", type=int, default=0, help="seed of the global inputs")
+    run.add_argument("--seed", type=int, default=0,
+                     help="seed of the global weights and inputs (default 0)")
     bench = sub.add_parser(
         "bench", help="benchmarks: the expert-compute matrix, or --overhead",
         description="Time every expert backend on the benchmark matrix against the roofline "
                     "floor (ceilings measured in the same run) and the peer figures; or, with "
                     "--overhead, the host cost of one NVTX range without a profiler.")
     bench.add_argument("--overhead", action="store_true",
-                       help="measure the cost of one moerun range (enter+exit) in ns")
+                       help="measure the cost of one moerun range (enter+exit) in ns instead "
+                            "(default: the expert-compute matrix)")
     bench.add_argument("--layer", action="store_true",
-                       help="time the whole layer (routing + scheduler + experts + shared "
-                            "expert): host issue time, eager and graph-replay time, the "
+                       help="time the whole layer instead (routing + scheduler + experts + "
+                            "shared expert): host issue time, eager and graph-replay time, the "
                             "expert kernels alone, against the combined floor; --shapes takes "
-                            "layer shapes (qwen3-30b-a3b, deepseek-v3; tiny on CPU)")
+                            "layer shapes (qwen3-30b-a3b, deepseek-v3; default on CPU: tiny)")
     bench.add_argument("--n", type=int, default=200_000,
                        help="ranges timed with --overhead (default 200000)")
     from moerun.bench.command import add_arguments
@@ -130,8 +139,29 @@ def _phase_times(prof: Any) -> dict[str, float]:
     return dict(totals)
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 (C-level writes included) inside the block.
+
+    NOTE: the profiler's Kineto backend prints ``profiler_start`` / ``profiler_stop`` lines
+    straight to fd 2 on every start and stop; Python's ``sys.stderr`` cannot catch them.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argparse.Namespace,
               counts: list[int], device: str) -> dict:
+    """Three forwards of the same batch: a warm-up (cold caches, first allocations), one timed
+    by the host clock, one under ``torch.profiler`` on rank 0 for the phase times. Every rank
+    runs all three (each is collective with ``--ranks > 1``)."""
     import time
 
     import torch
@@ -149,22 +179,64 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
     lo = sum(counts[:rank])
     hi = lo + counts[rank]
     dev = torch.device(device)
-    with ConfigurableMoE(cfg, mapping, backend=args.backend, comm=args.comm, layer_idx=0,
-                         device=dev) as layer:
+    try:
+        layer = ConfigurableMoE(cfg, mapping, backend=args.backend, comm=args.comm, layer_idx=0,
+                                device=dev)
+    except ValueError as exc:  # an unavailable backend or comm: the same on every rank
+        return {"rank": rank, "usage_error": str(exc)}
+    with layer:
         layer.load_weights(case.w13.to(dev), case.w2.to(dev),
                            None if case.shared is None else
                            {k: v.to(dev) for k, v in case.shared.items()},
                            e_score_correction_bias=case.bias.to(dev))
         x, logits = case.x[lo:hi].to(dev), case.logits[lo:hi].to(dev)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            t0 = time.perf_counter()
-            out = layer(x, logits, all_rank_num_tokens=counts if world_size > 1 else None)
+        counts_arg = counts if world_size > 1 else None
+
+        def forward():
+            out = layer(x, logits, all_rank_num_tokens=counts_arg)
             if dev.type == "cuda":
                 torch.cuda.synchronize()  # NOTE: host sync for the wall time
-            wall_us = (time.perf_counter() - t0) * 1e6
+            return out
+
+        forward()  # warm-up
+        t0 = time.perf_counter()
+        out = forward()
+        wall_us = (time.perf_counter() - t0) * 1e6
+        phases = {}
+        if rank == 0:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            with _quiet_stderr():
+                prof.start()
+            try:
+                forward()
+            finally:
+                with _quiet_stderr():
+                    prof.stop()
+            phases = _phase_times(prof)
+        else:
+            forward()
         ref = reference_output(cfg, case)[lo:hi]
         return {"rank": rank, "tokens": counts[rank], "err": rel_err(out.cpu(), ref),
-                "report": str(layer.report), "phases": _phase_times(prof), "wall_us": wall_us}
+                "report": str(layer.report), "phases": phases, "wall_us": wall_us}
+
+
+def _num_chunks(counts: list[int], max_num_tokens: int | None) -> int:
+    """The scheduler's chunk count for these counts (``schedulers.plan``, rank-identical)."""
+    from schedulers.plan import plan_forward
+
+    return plan_forward(tuple(counts), rank=0, use_dp_padding=False,
+                        max_num_tokens=max_num_tokens).num_chunks
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """ValueError (listing the valid names) for an unknown --backend or --comm."""
+    from moerun.backends import backend_class
+    from moerun.comm import strategy_class
+
+    if args.backend != "auto":
+        backend_class(args.backend)
+    if args.comm != "auto":
+        strategy_class(args.comm)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -183,7 +255,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        _config(args)
+        cfg = _config(args)
+        _check_names(args)
     except (ValueError, TypeError) as exc:
         print(f"moerun run: {exc}", file=sys.stderr)
         return 2
@@ -200,18 +273,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
             device = "cpu"
         results = launch(_run_rank, args.ranks, use_nccl=use_nccl, args=args, counts=counts,
                          device="cuda" if use_nccl else device)
+    if "usage_error" in results[0]:
+        print(f"moerun run: {results[0]['usage_error']}", file=sys.stderr)
+        return 2
     dtype = getattr(torch, args.dtype)
     bound = TOL_MULTIRANK_BF16 if (dtype == torch.bfloat16 and args.ranks > 1) else TOL[dtype]
     print(results[0]["report"])
     print(f"tokens per rank: {counts}  dtype: {args.dtype}  device: {device}")
+    limit = "one chunk" if cfg.max_num_tokens is None else f"max_num_tokens={cfg.max_num_tokens}"
+    print(f"chunks: {_num_chunks(counts, cfg.max_num_tokens)}  ({limit})")
     worst = 0.0
     for res in results:
         prefix = f"rank {res['rank']}: " if args.ranks > 1 else ""
         print(f"{prefix}relative error: {res['err']:.3e}  (tokens {res['tokens']}, "
               f"bound {bound:g})")
         worst = max(worst, res["err"])
-    print(f"time per phase (rank 0, CPU time of the NVTX ranges, µs; wall "
-          f"{results[0]['wall_us']:.0f} µs incl. profiler):")
+    print(f"forward wall time (rank 0, after one warm-up forward): "
+          f"{results[0]['wall_us']:.0f} µs")
+    print("time per phase (rank 0, a third forward under torch.profiler; CPU time of the "
+          "NVTX ranges, µs):")
     for phase, us in sorted(results[0]["phases"].items(), key=lambda kv: -kv[1]):
         print(f"  {phase:<24}{us:10.1f}")
     if worst >= bound:

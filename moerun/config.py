@@ -138,11 +138,23 @@ class MoEConfig:
 
     @classmethod
     def from_hf_config(
-        cls, hf: TMapping[str, Any], *, dtype: torch.dtype | None = None, **overrides: Any
+        cls, hf: TMapping[str, Any] | str | Any, *, dtype: torch.dtype | None = None,
+        **overrides: Any,
     ) -> "MoEConfig":
-        """Build from a Hugging Face ``config.json`` dict (see :mod:`moerun._hf_config`)."""
-        from moerun._hf_config import moe_config_kwargs
+        """Build from a Hugging Face model config (see :mod:`moerun._hf_config`).
 
-        kwargs = moe_config_kwargs(hf, dtype=dtype)
+        Args:
+            hf: a ``config.json`` dict, a path to a ``config.json``, a model directory holding
+                one (``save_pretrained`` output), or a ``transformers.PretrainedConfig``.
+            dtype: the layer dtype; None reads ``dtype`` / ``torch_dtype`` (float32 if unset).
+            **overrides: other :class:`MoEConfig` fields (e.g. ``max_num_tokens``).
+
+        Raises ``FileNotFoundError`` (missing path), ``TypeError`` (other types of ``hf``),
+        ``ValueError`` (a field moerun cannot map, named with its value). Reads the file if
+        given a path; never imports ``transformers``.
+        """
+        from moerun._hf_config import moe_config_kwargs, read_hf_config
+
+        kwargs = moe_config_kwargs(read_hf_config(hf), dtype=dtype)
         kwargs.update(overrides)
         return cls(**kwargs)

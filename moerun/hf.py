@@ -9,6 +9,9 @@ then identity with the class in that already-imported module), and its config is
 
 The router projection stays outside moerun (engines fuse it with other GEMMs): for ``x [T, H]``,
 ``moe(x, F.linear(x.float(), router_weight(block).float()))`` equals the block's output.
+Whole models: :func:`moerun.hf_patch.patch_model` (replaces every supported block, keeps the
+HF router call); checkpoints: :mod:`moerun.hf_checkpoint`; transformers' experts interface:
+:mod:`moerun.hf_experts`.
 """
 
 from __future__ import annotations
@@ -41,11 +44,16 @@ class _BlockSpec:
     bias: str | None = None  # dotted path of the [E] selection (correction) bias buffer
     transposed: bool = False  # experts stored [E, H, 2I] / [E, I, H] (when not flagged)
     overrides: tuple[tuple[str, Any], ...] = ()  # config fields the block's forward ignores
+    logits_index: int = 0  # router output position of the [T, E] logits
+    router_takes_bias: bool = False  # router(x, block.<bias>) (MiniMax-M2)
+    returns_router_logits: bool = False  # block returns (out [T, H], logits [T, E]) (Llama 4)
+    checkpoint_names: tuple[str, ...] = ()  # other names of the block in checkpoint keys
 
 
 _M = "transformers.models."
 _SPECS = (
-    _BlockSpec(_M + "mixtral.modeling_mixtral", "MixtralSparseMoeBlock", router="gate"),
+    _BlockSpec(_M + "mixtral.modeling_mixtral", "MixtralSparseMoeBlock", router="gate",
+               checkpoint_names=("block_sparse_moe",)),
     _BlockSpec(_M + "qwen2_moe.modeling_qwen2_moe", "Qwen2MoeSparseMoeBlock", router="gate",
                shared="shared_expert", shared_gate="shared_expert_gate"),
     _BlockSpec(_M + "qwen3_moe.modeling_qwen3_moe", "Qwen3MoeSparseMoeBlock", router="gate"),
@@ -55,10 +63,12 @@ _SPECS = (
     _BlockSpec(_M + "deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE", router="gate",
                shared="shared_experts", bias="gate.e_score_correction_bias"),
     _BlockSpec(_M + "llama4.modeling_llama4", "Llama4TextMoe", router="router",
-               shared="shared_expert", transposed=True),
+               shared="shared_expert", transposed=True, logits_index=1,
+               returns_router_logits=True),
     # NOTE: MiniMaxM2TopKRouter always adds the bias buffer, whatever use_routing_bias says.
     _BlockSpec(_M + "minimax_m2.modeling_minimax_m2", "MiniMaxM2SparseMoeBlock", router="gate",
-               bias="e_score_correction_bias", overrides=(("use_routing_bias", True),)),
+               bias="e_score_correction_bias", overrides=(("use_routing_bias", True),),
+               router_takes_bias=True, checkpoint_names=("block_sparse_moe",)),
 )
 _BY_CLASS = {(s.module, s.name): s for s in _SPECS}
 
@@ -66,12 +76,21 @@ _BY_CLASS = {(s.module, s.name): s for s in _SPECS}
 SUPPORTED_BLOCKS = tuple(s.name for s in _SPECS)
 
 
-def _spec(block: Any) -> _BlockSpec:
+def _spec_or_none(block: Any) -> _BlockSpec | None:
+    """The spec of a supported block class, else None."""
     cls = type(block)
     spec = _BY_CLASS.get((cls.__module__, cls.__name__))
     # Identity with the class of that (already imported) module: a same-named subclass or
     # copy elsewhere is not assumed to compute the same function.
     if spec is None or getattr(sys.modules.get(spec.module), spec.name, None) is not cls:
+        return None
+    return spec
+
+
+def _spec(block: Any) -> _BlockSpec:
+    spec = _spec_or_none(block)
+    if spec is None:
+        cls = type(block)
         raise TypeError(f"from_hf does not support {cls.__module__}.{cls.__qualname__}; "
                         f"supported transformers 5.x blocks: {', '.join(SUPPORTED_BLOCKS)}")
     return spec
@@ -128,14 +147,15 @@ def _fused_tensors(experts: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return gate_up, down
 
 
-def _expert_weights(experts: Any, *, transposed_default: bool, e: int, h: int, i: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused expert tensors -> ``w13 [E, 2I, H]`` (gate rows then up rows), ``w2 [E, H, I]``.
+def _expert_layout(experts: Any, *, transposed_default: bool, e: int, h: int, i: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
+    """Check a fused experts module: ``(gate_up, down, transposed, concatenated)`` (detached).
 
     Reads the flags ``transformers.integrations.moe.use_experts_implementation`` sets
     (``is_transposed``: ``[E, H, 2I]``/``[E, I, H]``; ``is_concatenated=False``: gate and up
     interleaved along 2I, gate at even positions) and refuses biases, ungated experts,
-    post-expert norms and custom gate functions.
+    post-expert norms, custom gate functions, quantized or mismatched dtypes, and shapes that
+    disagree with ``(E, H, I)``.
     """
     gate_up, down = _fused_tensors(experts)
     if gate_up.dtype not in SUPPORTED_DTYPES or down.dtype not in SUPPORTED_DTYPES:
@@ -161,18 +181,56 @@ def _expert_weights(experts: Any, *, transposed_default: bool, e: int, h: int, i
             raise ValueError(f"{type(experts).__name__}._apply_gate is custom (e.g. clamped "
                              "SwiGLU); only silu(gate) * up is supported")
     _check_silu(experts, ("act_fn",), "experts")
-    transposed = getattr(experts, "is_transposed", transposed_default)
-    gate_up, down = gate_up.detach(), down.detach()
-    if transposed:
-        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
-    if tuple(gate_up.shape) != (e, 2 * i, h) or tuple(down.shape) != (e, h, i):
+    transposed = bool(getattr(experts, "is_transposed", transposed_default))
+    want13, want2 = ((e, h, 2 * i), (e, i, h)) if transposed else ((e, 2 * i, h), (e, h, i))
+    if tuple(gate_up.shape) != want13 or tuple(down.shape) != want2:
         stored = "[E, H, 2I] / [E, I, H]" if transposed else "[E, 2I, H] / [E, H, I]"
-        raise ValueError(f"experts.gate_up_proj {tuple(experts.gate_up_proj.shape)} / "
-                         f"down_proj {tuple(experts.down_proj.shape)} do not match the config "
+        raise ValueError(f"experts.gate_up_proj {tuple(gate_up.shape)} / "
+                         f"down_proj {tuple(down.shape)} do not match the config "
                          f"(E={e}, H={h}, I={i}) in the {stored} layout")
-    if not getattr(experts, "is_concatenated", True):
-        gate_up = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1)
-    return gate_up.contiguous(), down.contiguous()
+    concatenated = bool(getattr(experts, "is_concatenated", True))
+    return gate_up.detach(), down.detach(), transposed, concatenated
+
+
+def _one_expert(gate_up: torch.Tensor, down: torch.Tensor, x: int, *, transposed: bool,
+                concatenated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``x`` as ``(gate_up [2I, H] gate rows then up rows, down [H, I])`` (views
+    where the layout allows)."""
+    g, d = gate_up[x], down[x]
+    if transposed:
+        g, d = g.t(), d.t()
+    if not concatenated:
+        g = torch.cat([g[0::2], g[1::2]], dim=0)
+    return g, d
+
+
+def _expert_items(experts: Any, *, transposed_default: bool, e: int, h: int, i: int):
+    """``(expert_id, name, lazy tensor)`` items of a fused experts module for
+    :meth:`ConfigurableMoE.load_expert_weights`: each expert's ``gate_up_proj [2I, H]`` and
+    ``down_proj [H, I]``, computed only when read (so a rank converts only its own experts).
+    The layout is checked here, before the first item."""
+    gate_up, down, transposed, concatenated = _expert_layout(
+        experts, transposed_default=transposed_default, e=e, h=h, i=i)
+    layout = dict(transposed=transposed, concatenated=concatenated)
+
+    def items():
+        for x in range(e):
+            yield x, "gate_up_proj", lambda x=x: _one_expert(gate_up, down, x, **layout)[0]
+            yield x, "down_proj", lambda x=x: _one_expert(gate_up, down, x, **layout)[1]
+
+    return items()
+
+
+def _expert_weights(experts: Any, *, transposed_default: bool, e: int, h: int, i: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused expert tensors -> ``w13 [E, 2I, H]`` (gate rows then up rows), ``w2 [E, H, I]``
+    (contiguous copies; checks of :func:`_expert_layout`)."""
+    gate_up, down, transposed, concatenated = _expert_layout(
+        experts, transposed_default=transposed_default, e=e, h=h, i=i)
+    pairs = [_one_expert(gate_up, down, x, transposed=transposed, concatenated=concatenated)
+             for x in range(e)]
+    return (torch.stack([g for g, _ in pairs]).contiguous(),
+            torch.stack([d for _, d in pairs]).contiguous())
 
 
 def _linear_weight(mlp: nn.Module, name: str, where: str) -> torch.Tensor:
@@ -197,6 +255,53 @@ def _shared_weights(block: nn.Module, spec: _BlockSpec, cfg: MoEConfig) -> dict 
     if cfg.shared_expert_gate:
         shared["gate"] = _linear_weight(block, spec.shared_gate, "block")
     return shared
+
+
+#: :class:`MoEConfig` fields that :func:`from_hf` and ``patch_model`` take from their keywords.
+CONFIG_KEYWORDS = ("max_num_tokens", "check_inputs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _BlockParts:
+    """What :func:`from_hf` reads from one block, checked, before any layer is built."""
+
+    spec: _BlockSpec
+    config: MoEConfig
+    items: Any  # iterator of (expert_id, name, lazy tensor), consumed by load_expert_weights
+    shared: dict | None
+    bias: torch.Tensor | None
+    device: torch.device
+
+
+def _block_parts(block: nn.Module, config_kwargs: dict) -> _BlockParts:
+    """Check ``block`` and read its config and weights (lazily for the experts); no copy."""
+    spec = _spec(block)
+    experts = block.experts
+    dtype = _fused_tensors(experts)[0].dtype
+    hf_config = dict(_block_config(block).to_dict())
+    hf_config.update(spec.overrides)
+    kwargs = moe_config_kwargs(hf_config, dtype=dtype if dtype in SUPPORTED_DTYPES else None)
+    kwargs.update(config_kwargs)
+    cfg = MoEConfig(**kwargs)
+    items = _expert_items(experts, transposed_default=spec.transposed, e=cfg.num_experts,
+                          h=cfg.hidden_size, i=cfg.intermediate_size)
+    router = router_weight(block)
+    if tuple(router.shape) != (cfg.num_experts, cfg.hidden_size):
+        raise ValueError(f"router weight block.{spec.router}.weight has shape "
+                         f"{tuple(router.shape)}; the config says [E={cfg.num_experts}, "
+                         f"H={cfg.hidden_size}]")
+    shared = _shared_weights(block, spec, cfg)
+    bias = None
+    if cfg.routing.uses_correction_bias:
+        bias = _attr(block, spec.bias).detach().float()
+    return _BlockParts(spec=spec, config=cfg, items=items, shared=shared, bias=bias,
+                       device=experts.gate_up_proj.device)
+
+
+def _split_kwargs(layer_kwargs: dict) -> tuple[dict, dict]:
+    """``(MoEConfig fields, ConfigurableMoE keywords)`` of ``**layer_kwargs``."""
+    config = {k: layer_kwargs[k] for k in CONFIG_KEYWORDS if k in layer_kwargs}
+    return config, {k: v for k, v in layer_kwargs.items() if k not in config}
 
 
 @torch.no_grad()
@@ -242,10 +347,14 @@ def from_hf(block: nn.Module, *, mapping: Mapping | None = None,
         layer_idx: the layer's index (NVTX names, EPLB, timeouts).
         device: where the layer's weights live; default the block's expert-weight device.
         **layer_kwargs: passed to :class:`ConfigurableMoE` (``shared_expert_order``,
-            ``balancer``, ``repeat_count``, ``recorder``).
+            ``balancer``, ``repeat_count``, ``recorder``, ``chunk_overlap``), except the
+            :class:`MoEConfig` fields ``max_num_tokens`` and ``check_inputs``, which go into
+            the layer's config.
 
     Returns:
-        The layer, weights loaded (``load_weights``), dtype = the block's expert-weight dtype.
+        The layer, weights loaded expert by expert (:meth:`ConfigurableMoE.load_expert_weights`:
+        each rank converts and copies only its own experts), dtype = the block's expert-weight
+        dtype.
 
     Raises:
         TypeError: unsupported block class (lists the supported ones) or expert layout (e.g.
@@ -253,31 +362,15 @@ def from_hf(block: nn.Module, *, mapping: Mapping | None = None,
         ValueError: a config field moerun cannot map (see :mod:`moerun._hf_config`), expert
             biases, a non-SiLU or clamped activation, quantized or mismatched weights.
 
-    Side effects: copies every expert weight (host/device memory of one more copy of the
-    block). from_hf itself issues no collective; see :class:`ConfigurableMoE` for what its
-    constructor does with ``mapping``.
+    Side effects: copies this rank's expert weights (host/device memory of one more copy of
+    its share of the block). from_hf itself issues no collective; see :class:`ConfigurableMoE`
+    for what its constructor does with ``mapping``.
     """
-    spec = _spec(block)
-    experts = block.experts
-    dtype = _fused_tensors(experts)[0].dtype
-    hf_config = dict(_block_config(block).to_dict())
-    hf_config.update(spec.overrides)
-    kwargs = moe_config_kwargs(hf_config, dtype=dtype if dtype in SUPPORTED_DTYPES else None)
-    cfg = MoEConfig(**kwargs)
-    w13, w2 = _expert_weights(experts, transposed_default=spec.transposed, e=cfg.num_experts,
-                              h=cfg.hidden_size, i=cfg.intermediate_size)
-    router = router_weight(block)
-    if tuple(router.shape) != (cfg.num_experts, cfg.hidden_size):
-        raise ValueError(f"router weight block.{spec.router}.weight has shape "
-                         f"{tuple(router.shape)}; the config says [E={cfg.num_experts}, "
-                         f"H={cfg.hidden_size}]")
-    shared = _shared_weights(block, spec, cfg)
-    bias = None
-    if cfg.routing.uses_correction_bias:
-        bias = _attr(block, spec.bias).detach().float()
-    if device is None:
-        device = w13.device
-    layer = ConfigurableMoE(cfg, mapping, backend=backend, comm=comm, layer_idx=layer_idx,
-                            device=device, **layer_kwargs)
-    layer.load_weights(w13, w2, shared, e_score_correction_bias=bias)
+    config_kwargs, layer_kwargs = _split_kwargs(layer_kwargs)
+    parts = _block_parts(block, config_kwargs)
+    layer = ConfigurableMoE(parts.config, mapping, backend=backend, comm=comm,
+                            layer_idx=layer_idx,
+                            device=parts.device if device is None else device, **layer_kwargs)
+    layer.load_expert_weights(parts.items, shared=parts.shared,
+                              e_score_correction_bias=parts.bias)
     return layer

@@ -282,6 +282,114 @@ class ConfigurableMoE(nn.Module):
             self.e_score_correction_bias.copy_(e_score_correction_bias)
         self._loaded = True
 
+    # Parts of one expert each name fills: w13 rows [0, I) are the gate, [I, 2I) the up rows.
+    _EXPERT_PARTS = {"gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
+                     "gate_up_proj": ("gate", "up")}
+
+    @torch.no_grad()
+    def load_expert_weights(self, items: Any, *, shared: dict | None = None,
+                            e_score_correction_bias: torch.Tensor | None = None) -> int:
+        """Copy this rank's experts from per-expert tensors (DESIGN 11b), so that no rank ever
+        needs a whole ``[E, 2I, H]`` layer (the ``weight_loader`` pattern of vLLM / SGLang).
+
+        Args:
+            items: an iterable (consumed once, e.g. a generator over safetensors files) of
+                ``(expert_id, name, tensor)``: ``expert_id`` a logical expert in ``[0, E)``;
+                ``name`` one of ``"gate_proj"`` ``[I, H]``, ``"up_proj"`` ``[I, H]``,
+                ``"down_proj"`` ``[H, I]`` or the fused ``"gate_up_proj"`` ``[2*I, H]`` (gate
+                rows, then up rows); ``tensor`` any float dtype and device (copied with
+                ``copy_``), or lazy: a zero-argument callable returning it, or an object read
+                with ``[:]`` (a safetensors ``get_slice`` handle). Items of experts this rank
+                does not hold are skipped without being read (their names are still checked).
+            shared: ``{"w13", "w2", "gate"}`` as in :meth:`load_weights`; required iff the
+                config has a shared expert.
+            e_score_correction_bias: ``[E]``, required iff the routing method uses one.
+
+        A logical expert that sits in several local slots (EPLB replicas, per
+        ``balancer.local_experts``) fills every one of them. Returns the number of items
+        copied. Raises ``ValueError`` for an id outside ``[0, E)``, an unknown name, a wrong
+        shape, a part given twice, or, after the last item, a local expert with a missing part
+        (naming the expert, its slots and the missing names); after such an error the layer
+        counts as not loaded (some slots may already hold new weights). Copies in place
+        (tensor identities never change). No collective; no host sync beyond the copies.
+        """
+        cfg = self.config
+        e_total, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+        if self.shared_expert is not None:
+            if shared is None:
+                raise ValueError("shared is required: config.shared_intermediate_size="
+                                 f"{cfg.shared_intermediate_size} > 0")
+            self.shared_expert.check(shared["w13"], shared["w2"], shared.get("gate"))
+        elif shared is not None:
+            raise ValueError("shared given but config.shared_intermediate_size == 0")
+        bias = e_score_correction_bias
+        if self.e_score_correction_bias is not None:
+            if bias is None or tuple(bias.shape) != (e_total,):
+                got = None if bias is None else tuple(bias.shape)
+                raise ValueError(f"e_score_correction_bias [E={e_total}] is required by "
+                                 f"routing method {cfg.routing.method.value} (got {got})")
+        elif bias is not None:
+            raise ValueError(f"e_score_correction_bias given but routing method "
+                             f"{cfg.routing.method.value} does not use one")
+        shapes = {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i),
+                  "gate_up_proj": (2 * i, h)}
+        slots: dict[int, list[int]] = {}
+        for s, expert in enumerate(self.balancer.local_experts(self.slot_start, self.slot_end)):
+            slots.setdefault(int(expert), []).append(s)
+        filled: dict[int, set[str]] = {expert: set() for expert in slots}
+        copied = 0
+        for expert_id, name, value in items:
+            if isinstance(expert_id, bool) or not isinstance(expert_id, int) \
+                    or not 0 <= expert_id < e_total:
+                raise ValueError(f"load_expert_weights: expert_id={expert_id!r} must be an int "
+                                 f"in [0, num_experts={e_total})")
+            parts = self._EXPERT_PARTS.get(name)
+            if parts is None:
+                raise ValueError(f"load_expert_weights: name={name!r} (expert {expert_id}) is "
+                                 f"unknown; valid: {', '.join(self._EXPERT_PARTS)}")
+            if expert_id not in slots:
+                continue  # another rank's expert: never read
+            if filled[expert_id] & set(parts):
+                raise ValueError(f"load_expert_weights: expert {expert_id} {name} given twice "
+                                 "(gate_up_proj also counts as gate_proj + up_proj)")
+            if isinstance(value, torch.Tensor):
+                t = value
+            elif callable(value):
+                t = value()
+            elif hasattr(value, "__getitem__"):
+                t = value[:]
+            else:
+                t = value
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shapes[name]:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"load_expert_weights: expert {expert_id} {name} is {got}; "
+                                 f"expected a tensor of shape {shapes[name]} (I={i}, H={h})")
+            self._loaded = False  # from the first copy on, until every local slot is filled
+            for s in slots[expert_id]:
+                if name == "down_proj":
+                    self.w2[s].copy_(t)
+                else:
+                    lo = i if name == "up_proj" else 0
+                    self.w13[s, lo:lo + t.shape[0]].copy_(t)
+            filled[expert_id].update(parts)
+            copied += 1
+        missing = {expert: [p for p in ("gate", "up", "down") if p not in got]
+                   for expert, got in filled.items() if len(got) < 3}
+        if missing:
+            listed = "; ".join(f"expert {expert} (local slots {slots[expert]}): "
+                               f"{', '.join(p + '_proj' for p in names)}"
+                               for expert, names in sorted(missing.items())[:8])
+            more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
+            raise ValueError(f"load_expert_weights: rank {self.mapping.rank} is missing parts "
+                             f"of {len(missing)} local experts: {listed}{more}; every local "
+                             "expert needs gate_proj + up_proj (or gate_up_proj) and down_proj")
+        if self.shared_expert is not None:
+            self.shared_expert.load(shared["w13"], shared["w2"], shared.get("gate"))
+        if self.e_score_correction_bias is not None:
+            self.e_score_correction_bias.copy_(bias)
+        self._loaded = True
+        return copied
+
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
         """Release the strategy. Idempotent; issues no collective (so never hangs, poisoned or

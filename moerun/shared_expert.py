@@ -48,23 +48,22 @@ class SharedExpert(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, H]`` -> ``[T, H]``."""
-        return self._mlp(x, None)
+        return self._mlp(x)
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``out + self(x)`` for ``out [T, H]`` in x.dtype, in as few ops as possible: the
-        down projection accumulates into ``out`` (``addmm``) when there is no gate (each torch
-        op costs host time; a decode step is host-bound). Returns a new tensor."""
-        return self._mlp(x, out)
+        """``self(x) + out`` for ``out [T, H]`` in x.dtype, in few ops (each torch op costs
+        host time; a decode step is host-bound): in-place where the tensors are this call's
+        own. The sum is rounded as Hugging Face's blocks round it (the shared output in
+        x.dtype, then one add), so patched models generate the same tokens. Returns a new
+        tensor; ``out`` is not modified."""
+        return self._mlp(x).add_(out)
 
-    def _mlp(self, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.w13).chunk(2, dim=-1)
-        act = F.silu(gate).mul_(up)
-        if self.gate is None:
-            if out is None:
-                return F.linear(act, self.w2)
-            return torch.addmm(out, act, self.w2.t())
-        y = F.linear(act, self.w2).mul_(torch.sigmoid(F.linear(x, self.gate)))
-        return y if out is None else out + y
+        y = F.linear(F.silu(gate).mul_(up), self.w2)
+        if self.gate is not None:
+            y.mul_(torch.sigmoid(F.linear(x, self.gate)))
+        return y
 
     def check(self, w13: torch.Tensor, w2: torch.Tensor, gate: torch.Tensor | None) -> None:
         """Raise ValueError unless :meth:`load` would accept these weights. No side effects."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 
 import pytest
 import torch
@@ -258,6 +259,47 @@ def test_from_hf_config_errors(name):
     hf, match = CONFIG_ERRORS[name]
     with pytest.raises(ValueError, match=match):
         MoEConfig.from_hf_config(hf)
+
+
+def test_from_hf_config_sources(tmp_path):
+    # a dict, a config.json path (str and Path), a model directory, a PretrainedConfig
+    transformers = pytest.importorskip("transformers")
+    expected = CONFIG_CASES["qwen3-30b-a3b"][1]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_30B_A3B))
+    assert MoEConfig.from_hf_config(str(path)) == expected
+    assert MoEConfig.from_hf_config(path) == expected
+    assert MoEConfig.from_hf_config(tmp_path) == expected
+    pretrained = transformers.Qwen3MoeConfig(**{k: v for k, v in QWEN3_30B_A3B.items()
+                                                if k != "model_type"})
+    assert MoEConfig.from_hf_config(pretrained) == expected
+    saved = tmp_path / "saved"
+    pretrained.save_pretrained(saved)  # what a checkpoint directory holds
+    assert MoEConfig.from_hf_config(saved) == expected
+    # Llama 4's composite config: to_dict() nests the text_config
+    l4 = transformers.Llama4Config(text_config=LLAMA4_SCOUT["text_config"])
+    assert MoEConfig.from_hf_config(l4, dtype=BF16) == CONFIG_CASES["llama4-scout"][1]
+
+
+def test_from_hf_config_source_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"from_hf_config: '.*missing.json' does not "
+                                                r"exist; pass a config.json file or a model "
+                                                r"directory holding one"):
+        MoEConfig.from_hf_config(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match=r"'.*config.json' does not exist"):
+        MoEConfig.from_hf_config(tmp_path)  # a directory without config.json
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"from_hf_config: '.*bad.json' is not valid JSON"):
+        MoEConfig.from_hf_config(bad)
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"holds a JSON list; expected an object"):
+        MoEConfig.from_hf_config(listed)
+    with pytest.raises(TypeError, match=r"from_hf_config: hf must be a dict, a path to a "
+                                        r"config.json or a model directory, or a "
+                                        r"PretrainedConfig; got int"):
+        MoEConfig.from_hf_config(3)
 
 
 def test_dtype_argument_error():

@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("expert-compute matrix")
     g.add_argument("--shapes", default=None,
                    help="comma list of shapes: mixtral8x7b, qwen3-30b-a3b, qwen3-235b-a22b, "
-                        "deepseek-v3, tiny (CPU smoke); default: the four model shapes")
+                        "deepseek-v3, tiny (E=8, k=2, H=64, I=32); default: the four model "
+                        "shapes on CUDA, tiny on a CPU (the model shapes need up to 22.5 GB: "
+                        "name them to run them there)")
     g.add_argument("--tokens", default=None,
                    help="comma list of token counts T (default 1,16,128,1024,8192)")
     g.add_argument("--backends", default=None,
@@ -46,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="timed samples per backend and mode; the median is reported "
                         "(default 20)")
     g.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
-    g.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
+    g.add_argument("--no-graph", action="store_true",
+                   help="skip CUDA-graph replay timing (default: timed on CUDA up to "
+                        "--graph-max-tokens)")
     g.add_argument("--graph-max-tokens", type=int, default=1024,
                    help="largest T timed as graph replay; also the serving-regime split "
                         "(default 1024)")
@@ -54,28 +58,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="routings drawn per cell = calls captured per graph (default 10)")
     g.add_argument("--check-tokens", type=int, default=64,
                    help="rows checked against the fp32 reference per cell (default 64)")
-    g.add_argument("--seed", type=int, default=0, help="seed of weights, inputs, routings")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of weights, inputs, routings (default 0)")
     g.add_argument("--peers", default=None,
-                   help="peer timings JSON (default: newest /work/shared/peers/h200-*.json, "
-                        "skipped when none; 'none' turns the comparison off)")
+                   help="peer timings JSON, or 'none' to turn the comparison off (default: "
+                        "the newest shared/peers/h200-*.json of the shared folder next to the "
+                        "checkout, skipped when there is none)")
     g.add_argument("--ceilings", default=None, metavar="READ_BW,COPY_BW,FLOPS",
-                   help="use these ceilings (B/s, B/s read+write, FLOP/s) instead of measuring")
+                   help="use these ceilings (B/s, B/s read+write, FLOP/s) instead of measuring "
+                        "(default: measured in this run)")
     g.add_argument("--ceiling-bytes", type=int, default=None,
                    help="bytes of the read-bandwidth buffer (default 2 GiB on CUDA, 64 MiB on "
                         "CPU)")
     g.add_argument("--matmul-size", type=int, default=None,
                    help="square matmul size for the FLOP/s ceiling (default 8192 on CUDA, 512 "
                         "on CPU)")
-    g.add_argument("--out", default=None, help="write the results as JSON to this path")
+    g.add_argument("--out", default=None,
+                   help="write the results as JSON to this path (default: not written)")
     g.add_argument("--write-results", default=None, metavar="PATH",
                    help="write the markdown table into this file (e.g. benchmarks/RESULTS.md), "
-                        "replacing only its expert-compute section")
+                        "replacing only its expert-compute section (default: not written)")
     g.add_argument("--from-json", default=None, metavar="PATH",
-                   help="re-analyse a saved --out file (peers, lines, markdown) without running")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+                   help="re-analyse a saved --out file (peers, lines, markdown) without running "
+                        "(default: run the matrix)")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (default: a progress bar, one line per step "
+                        "when stderr is not a terminal)")
     g.add_argument("--write-selection", default=None, metavar="PATH",
                    help="with --from-json or --out: write the backend selection table that "
-                        "resolve reads (moerun/backends/bench_table.json)")
+                        "resolve reads (moerun/backends/bench_table.json; default: not "
+                        "written)")
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -177,8 +189,10 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run the benchmark described by ``args`` (from :func:`add_arguments`).
 
     Returns 0, 1 when a backend failed its correctness check (or raised), 2 on a usage
-    error. Side effects: allocates each shape's weights on the device (deepseek-v3 bf16:
-    22.5 GB), writes ``--out`` / ``--write-results`` files. Host syncs: many.
+    error. Without ``--shapes`` a CPU run uses the ``tiny`` shape (``args.shapes`` is set to
+    it, so the printed command reproduces the run). Side effects: allocates each shape's
+    weights on the device (deepseek-v3 bf16: 22.5 GB), writes ``--out`` / ``--write-results``
+    files. Host syncs: many.
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -209,6 +223,16 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
     from moerun.env import get_env
 
     try:
+        device_name = args.device
+        if device_name == "auto":
+            device_name = "cuda" if torch.cuda.is_available() else "cpu"
+        if device_name == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available")
+        if args.shapes is None and device_name == "cpu":
+            # NOTE: the model shapes' weights (deepseek-v3 bf16: 22.5 GB) exhaust a CPU host
+            args.shapes = "tiny"
+            print("# cpu: --shapes defaults to tiny; name model shapes with --shapes to run "
+                  "them here", file=err)
         shapes = parse_shapes(args.shapes)
         tokens = parse_tokens(args.tokens)
         backends = None
@@ -224,11 +248,6 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
             if value < low:
                 raise ValueError(f"{flag}={value}: must be >= {low}")
         given = parse_ceilings(args.ceilings) if args.ceilings else None
-        device_name = args.device
-        if device_name == "auto":
-            device_name = "cuda" if torch.cuda.is_available() else "cpu"
-        if device_name == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available")
     except ValueError as exc:
         print(f"moerun bench: {exc}", file=err)
         return 2

@@ -156,13 +156,28 @@ def _read(path: Path) -> dict:
 def main(argv=None, prog: str = "moerun tune") -> int:
     """Entry point of ``moerun tune``; returns the exit status (0 ok, 2 no GPU)."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default=None, help="comma list of names or E:K:H:I")
-    p.add_argument("--T", default="1,16,128,1024,8192", help="token counts (T buckets)")
-    p.add_argument("--budget-s", type=float, default=480.0, help="stop starting points after this")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    p.add_argument("--out-dir", default=None, help="config folder (default: the package's)")
-    p.add_argument("--dry-run", action="store_true", help="time, print, write nothing")
-    p.add_argument("--workers", type=int, default=0, help="compile processes (0: cores-2)")
+    p.add_argument("--shapes", default=None,
+                   help="comma list of shapes to tune: names (mixtral8x7b, qwen3-30b-a3b, "
+                        "qwen3-235b-a22b, deepseek-v3) or E:K:H:I (experts, top-k, hidden, "
+                        "intermediate); default: the four named shapes")
+    p.add_argument("--T", default="1,16,128,1024,8192",
+                   help="comma list of token counts T to tune; each T is timed and its winner "
+                        "stored for the T bucket it falls in (default 1,16,128,1024,8192)")
+    p.add_argument("--budget-s", type=float, default=480.0,
+                   help="wall-clock budget in seconds, compilation included: once spent, no "
+                        "new (shape, T) point is started and the points tuned so far are "
+                        "written (default 480)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                   help="activation/weight dtype the kernels are compiled and timed in "
+                        "(default bfloat16)")
+    p.add_argument("--out-dir", default=None,
+                   help="folder of the config JSON files to merge into (default: the "
+                        "package's moerun/backends/triton/configs)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="time and print the winners, write nothing (default: merge them "
+                        "into the JSON files)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="parallel compile processes (default 0: CPU cores - 2)")
     args = p.parse_args(argv)
 
     import torch
