@@ -184,10 +184,21 @@ _LAUNCH = FastLauncher(_route_kernel)
 
 
 # ---------------------------------------------------------------- launcher
-def block_rows(num_experts: int) -> int:
-    """Rows per program for ``E`` experts (a power of two; ``BLOCK_T * E_P2 <= 4096``)."""
-    e_p2 = next_pow2(num_experts)
-    return max(1, min(16, _ELEMENTS_PER_PROGRAM // e_p2))
+def block_rows(num_experts: int, num_rows: int | None = None) -> int:
+    """Rows per program for ``E`` experts (a power of two; ``BLOCK_T * E_P2 <= 4096``), no
+    more than ``num_rows`` needs (decode: one row, so one program's reductions stay short)."""
+    rows = max(1, min(16, _ELEMENTS_PER_PROGRAM // next_pow2(num_experts)))
+    return rows if num_rows is None else max(1, min(rows, next_pow2(num_rows)))
+
+
+def _warps(elements: int) -> int:
+    """Warps for a ``BLOCK_T x E_P2`` tile: one warp up to 512 elements (every reduction a
+    warp shuffle, the decode case), up to 8 for the largest tiles."""
+    if elements <= 512:
+        return 1
+    if elements <= 1024:
+        return 2
+    return 4 if elements <= 2048 else 8
 
 
 def fused_route(router_logits: torch.Tensor, top_k: int, spec: RouteSpec, *,
@@ -225,12 +236,13 @@ def fused_route(router_logits: torch.Tensor, top_k: int, spec: RouteSpec, *,
     if t == 0:
         return Routed(weights, ids)
     valid = t if valid_rows is None else valid_rows
-    bt = block_rows(e)
+    e_p2 = next_pow2(e)
+    bt = block_rows(e, t)
     _LAUNCH((cdiv(t, bt),),
             router_logits, correction_bias if spec.has_bias else weights, weights, ids,
             t, valid, router_logits.stride(0), spec.scale,
-            e, next_pow2(e), top_k, next_pow2(top_k), bt,
+            e, e_p2, top_k, next_pow2(top_k), bt,
             spec.sigmoid, spec.has_bias, spec.group_score, spec.num_groups,
             next_pow2(spec.num_groups), spec.topk_group, spec.renormalize,
-            spec.eps, num_warps=4 if bt * next_pow2(e) <= 2048 else 8)
+            spec.eps, num_warps=_warps(bt * e_p2))
     return Routed(weights, ids)
