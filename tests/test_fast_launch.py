@@ -82,13 +82,23 @@ def test_hooks_count_as_installed_only_when_a_chain_holds_a_call():
 
 @pytest.mark.parametrize("kind", [1, 2, 3])
 def test_generated_key_function_separates_exactly_like_the_generic_key(kind):
-    from moerun._triton.launch import _key_function
+    from moerun._triton.launch import _prep_function
 
     values = _values()
     for a, b in itertools.combinations(values, 2):
         if type(a) is not type(b):
             continue  # other types: a different key by construction (types are in it)
-        fn = _key_function((a,), (kind,))
-        same_generated = fn((a,)) == fn((b,))
+        fn = _prep_function((a,), (kind,))
+        same_generated = fn((a,))[0] == fn((b,))[0]
         same_generic = specialization_key((a,), (kind,)) == specialization_key((b,), (kind,))
         assert same_generated == same_generic, (a, b, kind)
+
+
+def test_prepared_launch_arguments_pass_tensors_as_their_pointers():
+    from moerun._triton.launch import _prep_function
+
+    t = torch.empty(8)
+    args = (t, 5, 3.0, "ieee")
+    key, launch = _prep_function(args, (1, 1, 1, 0))(args)
+    assert launch == (t.data_ptr(), 5, 3.0, "ieee")
+    assert "ieee" in key and torch.float32 in key

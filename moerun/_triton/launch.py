@@ -76,33 +76,57 @@ def specialization_key(args: tuple[Any, ...], kinds: tuple[int, ...]) -> tuple[A
     return tuple(key)
 
 
-def _key_function(args: tuple[Any, ...], kinds: tuple[int, ...]) -> Callable[..., tuple]:
-    """A generated function computing :func:`specialization_key` (plus every argument's type)
-    for calls whose argument types match ``args``; several times faster than the generic loop.
+def _prep_function(args: tuple[Any, ...], kinds: tuple[int, ...]) -> Callable[..., tuple]:
+    """A generated ``prep(args) -> (key, launch_args)`` for calls whose argument types match
+    ``args``: ``key`` is :func:`specialization_key` plus every argument's type; in
+    ``launch_args`` each tensor is replaced by its ``data_ptr()`` (read once, for the key and
+    the launch: given an int, Triton's C launcher skips its per-pointer Python method call and
+    driver query). Several times faster than the generic loop.
 
     A call with other types gets a different key (the types are in it) or raises inside the
-    function (e.g. ``.dtype`` of an int); the launcher then uses the generic loop."""
+    function (e.g. ``.data_ptr`` of an int); the launcher then uses the generic path."""
     wide = "({v} > 2147483647 or {v} < -2147483648)"
-    parts = []
+    pre, key, out = [], [], []
     for i, (a, kind) in enumerate(zip(args, kinds)):
         v = f"a[{i}]"
         if kind == 0:
-            parts.append(v)
+            key.append(v)
+            out.append(v)
             continue
-        parts.append(f"type({v})")
+        key.append(f"type({v})")
         if isinstance(a, torch.Tensor):
-            parts.append(f"{v}.dtype")
+            pre.append(f"p{i} = {v}.data_ptr()")
+            key.append(f"{v}.dtype")
             if kind == 1:
-                parts.append(f"{v}.data_ptr() & 15 == 0")
-        elif type(a) is int:
+                key.append(f"p{i} & 15 == 0")
+            out.append(f"p{i}")
+            continue
+        if type(a) is int:
             if kind != 2:
-                parts.append(f"{v} == 1")
+                key.append(f"{v} == 1")
             if kind == 1:
-                parts.append(f"{v} & 15 == 0")
-            parts.append(wide.format(v=v))
+                key.append(f"{v} & 15 == 0")
+            key.append(wide.format(v=v))
+        out.append(v)
+    body = "".join(f"    {line}\n" for line in pre)
+    src = f"def prep(a):\n{body}    return ({', '.join(key)},), ({', '.join(out)},)\n"
     namespace: dict[str, Any] = {}
-    exec(f"def key(a):\n    return ({', '.join(parts)},)\n", namespace)  # noqa: S102
-    return namespace["key"]
+    exec(src, namespace)  # noqa: S102 - generated from the kernel's own parameter list
+    return namespace["prep"]
+
+
+def _direct_launch(compiled: Any) -> tuple[Callable[..., Any] | None, int, int]:
+    """``(launch, cooperative, pdl)`` of the compiled kernel's C launcher when it can be called
+    without Triton's Python wrapper (no global or profile scratch to allocate), else
+    ``(None, 0, 0)``. Tied to Triton 3.6's ``CudaLauncher``; anything else takes the wrapper."""
+    run = compiled.run
+    needed = ("launch", "global_scratch_size", "profile_scratch_size",
+              "launch_cooperative_grid", "launch_pdl")
+    if not all(hasattr(run, n) for n in needed):
+        return None, 0, 0
+    if run.global_scratch_size or run.profile_scratch_size:
+        return None, 0, 0
+    return run.launch, run.launch_cooperative_grid, run.launch_pdl
 
 
 def _hook_active(hook: Any) -> bool:
@@ -128,7 +152,7 @@ class FastLauncher:
     compiled launcher is what ``kernel[grid]`` would call).
     """
 
-    __slots__ = ("_kernel", "_kinds", "_cache", "_interpret", "_runtime", "_key")
+    __slots__ = ("_kernel", "_kinds", "_cache", "_interpret", "_runtime", "_prep")
 
     def __init__(self, kernel: Any) -> None:
         self._kernel = kernel
@@ -145,7 +169,7 @@ class FastLauncher:
             else:
                 kinds.append(1)
         self._kinds = tuple(kinds)
-        self._key: Callable[..., tuple] | None = None  # generated at the first launch
+        self._prep: Callable[..., tuple] | None = None  # generated at the first launch
         from triton import knobs
 
         self._runtime = knobs.runtime  # read per launch: hooks may be installed later
@@ -164,25 +188,33 @@ class FastLauncher:
             self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
         device = torch._C._cuda_getDevice()
-        key_fn = self._key
+        prep = self._prep
         try:
-            spec = key_fn(args)  # type: ignore[misc]
+            spec, launch_args = prep(args)  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - not generated yet, or other argument types
-            spec = specialization_key(args, self._kinds) + tuple(type(a) for a in args)
-            if key_fn is None:
-                self._key = _key_function(args, self._kinds)
-                spec = self._key(args)
+            if prep is None:
+                self._prep = prep = _prep_function(args, self._kinds)
+                spec, launch_args = prep(args)
+            else:
+                spec = specialization_key(args, self._kinds) + tuple(type(a) for a in args)
+                launch_args = args
         key = (device, num_warps, num_stages, spec)
-        compiled = self._cache.get(key)
-        if compiled is None:  # first launch of this specialisation: the JIT path compiles
+        entry = self._cache.get(key)
+        if entry is None:  # first launch of this specialisation: the JIT path compiles
             compiled = self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             if hasattr(compiled, "result"):  # async compilation mode returns a future
                 compiled = compiled.result()
             compiled._init_handles()
-            self._cache[key] = compiled
+            direct, coop, pdl = _direct_launch(compiled)
+            self._cache[key] = (compiled, direct, coop, pdl)
             return
+        compiled, direct, coop, pdl = entry
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)
-        compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
-                     None, None, None, *args)
+        if direct is not None:
+            direct(grid[0], g1, g2, stream, compiled.function, coop, pdl, None, None,
+                   compiled.packed_metadata, None, None, None, *launch_args)
+        else:
+            compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
+                         None, None, None, *launch_args)
