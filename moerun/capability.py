@@ -65,7 +65,8 @@ class Problem:
 
     Fields: ``num_experts`` E, ``num_slots`` S, ``top_k`` K, ``hidden_size`` H,
     ``intermediate_size`` I, ``dtype``, ``activation``, ``device_type`` ("cpu"/"cuda"),
-    ``shared_intermediate_size`` (0 = no shared expert).
+    ``shared_intermediate_size`` (0 = no shared expert), ``apply_router_weight_on_input``
+    (Llama 4: the routed input is scaled by the routing weight).
     """
 
     num_experts: int
@@ -77,6 +78,7 @@ class Problem:
     activation: Activation
     device_type: str
     shared_intermediate_size: int = 0
+    apply_router_weight_on_input: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

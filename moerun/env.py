@@ -40,6 +40,8 @@ class Env:
             versions, None when the package is not importable.
         triton_interpret: ``TRITON_INTERPRET=1`` was set when probed (Triton runs on CPU).
         has_grouped_mm: ``torch._grouped_mm`` exists.
+        has_green_context: ``torch.cuda.GreenContext`` exists and CUDA is available (SM
+            partitions for the shared expert's side work, DESIGN 4.3).
     """
 
     torch_version: str
@@ -53,6 +55,7 @@ class Env:
     transformers_version: str | None
     triton_interpret: bool
     has_grouped_mm: bool
+    has_green_context: bool = False
 
     def describe(self) -> str:
         return (
@@ -79,6 +82,7 @@ def probe_env() -> Env:
         transformers_version=_version("transformers"),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
         has_grouped_mm=hasattr(torch, "_grouped_mm"),
+        has_green_context=cuda and hasattr(torch.cuda, "GreenContext"),
     )
 
 

@@ -58,7 +58,11 @@ class ConfigurableMoE(nn.Module):
         comm: ``"auto"``, ``"none"``, ``"allgather"``, ``"alltoall"`` or a CommStrategy class.
         router: ``"auto"`` (the fused routing kernel on CUDA, the torch twin elsewhere),
             ``"torch"`` or ``"triton"``.
-        shared_expert_order: ``"auto"`` or ``"sequential"`` (the only order implemented).
+        shared_expert_order: ``"auto"`` (the measured table per T regime, else ``sequential``
+            on one rank, ``during_combine`` on several), ``"sequential"``, ``"aux_stream"``,
+            ``"during_combine"`` or ``"fused"`` (see :class:`moerun.SharedExpertOrder`).
+        shared_partition_sms: with ``aux_stream`` / ``during_combine`` on CUDA, run the shared
+            MLP in a ``torch.cuda.GreenContext`` of this many SMs (None: a plain side stream).
         balancer: a per-layer balancer handle (``eplb.LayerBalancerHooks``); default: none.
         layer_idx: for NVTX names (``L{layer_idx}``), timeouts and EPLB.
         repeat_count: forwards of this layer per model step (EPLB hook gating).
@@ -79,7 +83,8 @@ class ConfigurableMoE(nn.Module):
 
     def __init__(self, config: MoEConfig, mapping: Mapping | None = None, *,
                  backend: str | Backend = "auto", comm: str | type[CommStrategy] = "auto",
-                 router: str = "auto", shared_expert_order: str = "auto", balancer: Any = None,
+                 router: str = "auto", shared_expert_order: str = "auto",
+                 shared_partition_sms: int | None = None, balancer: Any = None,
                  layer_idx: int | None = None, repeat_count: int = 1,
                  device: torch.device | str | None = None, recorder: Any = None,
                  chunk_overlap: bool = True) -> None:
@@ -117,7 +122,8 @@ class ConfigurableMoE(nn.Module):
             num_experts=config.num_experts, num_slots=num_slots, top_k=config.top_k,
             hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
             dtype=config.dtype, activation=config.activation, device_type=self.device.type,
-            shared_intermediate_size=config.shared_intermediate_size)
+            shared_intermediate_size=config.shared_intermediate_size,
+            apply_router_weight_on_input=config.apply_router_weight_on_input)
         deployment = Deployment(rank=mapping.rank, world_size=mapping.world_size,
                                 comm_backend=mapping.backend_name,
                                 num_local_slots=self.slot_end - self.slot_start,
@@ -126,7 +132,8 @@ class ConfigurableMoE(nn.Module):
         chunk_rows = config.max_num_tokens or 1
         self.report: ResolutionReport = resolve(
             problem, deployment, get_env(), backend=backend_choice, comm=comm, router=router,
-            shared_expert_order=shared_expert_order, max_chunk_rows=chunk_rows)
+            shared_expert_order=shared_expert_order, shared_partition_sms=shared_partition_sms,
+            max_chunk_rows=chunk_rows)
         if not self.partition.divisible and not self.report.strategy_cls.supports_non_divisible_ep:
             raise ValueError(f"comm strategy {self.report.strategy} does not support "
                              f"num_slots={num_slots} % ep_size={mapping.ep_size} != 0")

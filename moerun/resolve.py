@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from moerun.backends import Backend, backend_candidates, backend_class
-from moerun.capability import Deployment, Problem, RejectReason, SchedulerKind
+from moerun.capability import Deployment, Eligibility, Problem, RejectReason, SchedulerKind
 from moerun.backends.selection import preferred_order
 from moerun.comm import CommStrategy, strategy_candidates, strategy_class
 from moerun.env import Env
 from moerun.routing.router import TorchRouter, TritonRouter, router_class
-from moerun.shared_expert import SharedExpertOrder
+from moerun.shared_expert import PARTITIONABLE, SharedExpertOrder, SharedSchedule
+from moerun.shared_table import lookup as shared_table_lookup
 
 __all__ = ["Rejection", "ResolutionReport", "resolve"]
 
@@ -43,7 +44,10 @@ class ResolutionReport:
         router: chosen router name (``"triton"``: one fused kernel; ``"torch"``: the twin).
         router_cls: its class.
         scheduler: scheduler class name.
-        shared_expert_order: :class:`SharedExpertOrder` value, or None without a shared expert.
+        shared_expert_order: the shared-expert schedule in words (one order, or the order per
+            T regime), or None without a shared expert.
+        shared_schedule: the :class:`~moerun.shared_expert.SharedSchedule` the scheduler
+            follows (None without a shared expert).
         workspace_bytes_per_chunk: peak temporary bytes of one chunk (backend estimate).
         rejected: every candidate not chosen, with reason.
         fallbacks: runtime replacements (e.g. an infeasible strategy replaced permanently).
@@ -60,6 +64,7 @@ class ResolutionReport:
     scheduler: str
     shared_expert_order: str | None
     workspace_bytes_per_chunk: int
+    shared_schedule: SharedSchedule | None = None
     rejected: tuple[Rejection, ...] = ()
     fallbacks: tuple[str, ...] = ()
     env: str = ""
@@ -153,9 +158,89 @@ def _pick_router(requested: str, problem: Problem, env: Env,
     return TorchRouter
 
 
+def shared_order_eligibility(order: SharedExpertOrder, problem: Problem,
+                             backend_cls: type[Backend], strategy_cls: type[CommStrategy]
+                             ) -> Eligibility:
+    """Whether ``order`` can run this layer (pure). Only ``FUSED`` has conditions."""
+    if order is not SharedExpertOrder.FUSED:
+        return Eligibility.yes()
+    s, i = problem.shared_intermediate_size, problem.intermediate_size
+    if s % i:
+        return Eligibility.no(RejectReason.SHAPE, f"shared size {s} is not a multiple of I={i}")
+    if not backend_cls.supports_fused_shared:
+        return Eligibility.no(RejectReason.UNIMPLEMENTED,
+                              f"backend {backend_cls.name} does not fuse the shared expert")
+    if not strategy_cls.supports_fused_shared:
+        return Eligibility.no(RejectReason.TOPOLOGY,
+                              f"{strategy_cls.name} does not keep this rank's rows "
+                              "identifiable after dispatch")
+    if problem.apply_router_weight_on_input:
+        return Eligibility.no(RejectReason.SHAPE, "the routed input is scaled by the routing "
+                              "weight (Llama 4); the shared expert reads it unscaled")
+    return Eligibility.yes()
+
+
+def _pick_shared(problem: Problem, deployment: Deployment, env: Env,
+                 backend_cls: type[Backend], strategy_cls: type[CommStrategy],
+                 requested: Any, partition_sms: int | None,
+                 rejected: list[Rejection]) -> SharedSchedule | None:
+    if not problem.shared_intermediate_size:
+        return None
+    elig = {o: shared_order_eligibility(o, problem, backend_cls, strategy_cls)
+            for o in SharedExpertOrder}
+    if requested != "auto":
+        try:
+            order = SharedExpertOrder(requested)
+        except ValueError:
+            raise ValueError(f"shared_expert_order={requested!r} is unknown; valid: 'auto', "
+                             + ", ".join(repr(o.value) for o in SharedExpertOrder)) from None
+        if not elig[order].ok:
+            raise ValueError(f"shared_expert_order={order.value!r} cannot run here: "
+                             f"{elig[order].reason.value}: {elig[order].detail}")
+        if partition_sms is not None:
+            if order not in PARTITIONABLE:
+                raise ValueError(f"shared_partition_sms={partition_sms} needs shared_expert_order"
+                                 " 'aux_stream' or 'during_combine'")
+            if problem.device_type != "cuda" or not env.has_green_context:
+                raise ValueError(f"shared_partition_sms={partition_sms}: SM partitions need "
+                                 "CUDA and torch.cuda.GreenContext")
+        schedule = SharedSchedule.single(order, f"shared_expert_order={order.value!r} "
+                                         "requested", partition_sms)
+    else:
+        if partition_sms is not None:
+            raise ValueError("shared_partition_sms needs an explicit shared_expert_order "
+                             "('auto' takes partitions from the measured table)")
+        row = shared_table_lookup(problem, deployment, env)
+        usable = row is not None and all(elig[r.order].ok and (
+            r.partition_sms is None or env.has_green_context) for r in row.regimes)
+        if usable:
+            schedule = SharedSchedule(regimes=row.regimes, why=f"from the {row.detail}")
+        else:
+            default = (SharedExpertOrder.SEQUENTIAL if deployment.world_size == 1
+                       else SharedExpertOrder.DURING_COMBINE)
+            why = ("no shared-table row for this deployment and shape" if row is None else
+                   "the shared-table row names an order that cannot run here")
+            schedule = SharedSchedule.single(
+                default, f"{why}: {default.value} "
+                f"({'one rank: nothing to hide behind' if deployment.world_size == 1 else 'hides the shared MLP behind the combine'})")
+    chosen = schedule.orders
+    for o in SharedExpertOrder:
+        if o in chosen:
+            continue
+        if not elig[o].ok:
+            rejected.append(Rejection(kind="shared", name=o.value, reason=elig[o].reason,
+                                      detail=elig[o].detail))
+        else:
+            rejected.append(Rejection(kind="shared", name=o.value,
+                                      reason=RejectReason.LOWER_PRIORITY,
+                                      detail=schedule.why))
+    return schedule
+
+
 def resolve(problem: Problem, deployment: Deployment, env: Env, *,
             backend: str | type[Backend] = "auto", comm: str | type[CommStrategy] = "auto",
             router: str = "auto", shared_expert_order: str = "auto",
+            shared_partition_sms: int | None = None,
             max_chunk_rows: int = 1) -> ResolutionReport:
     """Choose candidates for one layer. Pure: reads only its arguments.
 
@@ -164,7 +249,10 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
         backend: ``"auto"``, a name from ``moerun.backends.BACKEND_NAMES`` or a Backend class.
         comm: ``"auto"``, ``"none"``, ``"allgather"``, ``"alltoall"`` or a strategy class.
         router: ``"auto"``, ``"torch"`` or ``"triton"`` (the fused routing kernel).
-        shared_expert_order: ``"auto"`` or a :class:`SharedExpertOrder` value.
+        shared_expert_order: ``"auto"`` (the measured table, else ``SEQUENTIAL`` on one rank
+            and ``DURING_COMBINE`` on several) or a :class:`SharedExpertOrder` value.
+        shared_partition_sms: with an explicit ``AUX_STREAM`` / ``DURING_COMBINE`` order, run
+            its side work in a green context of this many SMs (CUDA).
         max_chunk_rows: rows of the largest chunk, for the workspace estimate.
 
     Raises ValueError when a requested candidate cannot run, naming the reason.
@@ -191,24 +279,15 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
     if backend_cls.scheduler_kind != SchedulerKind.EXTERNAL_COMM:  # pragma: no cover
         raise ValueError(f"backend {backend_cls.name} needs a {backend_cls.scheduler_kind} "
                          "scheduler, which does not exist yet")
-    order = None
-    if problem.shared_intermediate_size:
-        if shared_expert_order not in ("auto", SharedExpertOrder.SEQUENTIAL,
-                                       SharedExpertOrder.SEQUENTIAL.value):
-            raise ValueError(
-                f"shared_expert_order={shared_expert_order!r} is not implemented yet; only "
-                "'sequential' runs today (aux-stream, during-combine and fused orders are a "
-                "later issue)")
-        order = SharedExpertOrder.SEQUENTIAL.value
-        for o in SharedExpertOrder:
-            if o is not SharedExpertOrder.SEQUENTIAL:
-                rejected.append(Rejection(kind="shared", name=o.value,
-                                          reason=RejectReason.UNIMPLEMENTED,
-                                          detail="overlapped orders are a later issue"))
+    schedule = _pick_shared(problem, deployment, env, backend_cls, strategy_cls,
+                            shared_expert_order, shared_partition_sms, rejected)
+    if schedule is not None:
+        notes = notes + (f"shared expert: {schedule.why}",)
     return ResolutionReport(
         backend=backend_cls.name, backend_cls=backend_cls, strategy=strategy_cls.name,
         strategy_cls=strategy_cls, router=router_cls.name, router_cls=router_cls,
         scheduler="ExternalCommScheduler",
-        shared_expert_order=order,
+        shared_expert_order=None if schedule is None else schedule.describe(),
+        shared_schedule=schedule,
         workspace_bytes_per_chunk=backend_cls().workspace_bytes(problem, max_chunk_rows),
         rejected=tuple(rejected), env=env.describe(), notes=notes)

@@ -1,30 +1,107 @@
-"""The shared expert: a dense ``silu(gate) * up`` MLP every token visits (DESIGN 4.3).
+"""The shared expert: a dense ``silu(gate) * up`` MLP every token visits (DESIGN 4.3), the
+orders it can run in, and the per-T schedule of orders a layer follows.
 
-Legend: ``T`` tokens, ``H`` hidden, ``Is`` shared intermediate size.
+Legend: ``T`` tokens, ``H`` hidden, ``Is`` shared intermediate size, ``I`` routed expert
+intermediate size.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SharedExpertOrder", "SharedExpert"]
+__all__ = ["SharedExpertOrder", "SharedExpert", "SharedRegime", "SharedSchedule"]
 
 
 class SharedExpertOrder(str, enum.Enum):
-    """Where the shared MLP runs relative to the routed experts. All give the same result.
+    """Where the shared MLP runs relative to the routed experts. All give the ``SEQUENTIAL``
+    result (the stream orders bit for bit; ``FUSED`` up to the rounding of its fp32 sum).
 
-    Only ``SEQUENTIAL`` is implemented today; the overlapped orders arrive with the multi-stream
-    scheduler work and ``resolve`` rejects them until then.
+    * ``SEQUENTIAL``: after the routed output is assembled, on the current stream.
+    * ``AUX_STREAM``: issued first, on a side stream that waits on an event recorded before
+      routing, so it runs beside routing, dispatch, experts and combine; joined before the
+      final add. On CPU it runs in order.
+    * ``DURING_COMBINE``: issued while the last chunk's combine is in flight (issued with
+      ``async_op=True``), then the combine is waited (on gloo the collective really runs on
+      gloo's threads meanwhile; on NCCL on its stream).
+    * ``FUSED``: the shared expert as ``Is / I`` extra expert slots that every local row
+      visits with weight 1 (or its shared-gate value), inside the routed expert kernels: no
+      launches of its own. Only where ``Is`` is a multiple of ``I``, the backend declares
+      ``supports_fused_shared`` and the strategy keeps every own row identifiable after
+      dispatch (``NoComm``, ``AllGatherReduceScatter``).
     """
 
     SEQUENTIAL = "sequential"
     AUX_STREAM = "aux_stream"
     DURING_COMBINE = "during_combine"
     FUSED = "fused"
+
+
+#: Orders whose side work may run on an SM partition (a ``torch.cuda.GreenContext``).
+PARTITIONABLE = (SharedExpertOrder.AUX_STREAM, SharedExpertOrder.DURING_COMBINE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedRegime:
+    """One T regime of a :class:`SharedSchedule`.
+
+    Fields:
+        max_tokens: the regime covers forwards whose rows (the largest rank's ``T``) are
+            ``<= max_tokens``; None = every larger forward (the last regime).
+        order: the :class:`SharedExpertOrder` run there.
+        partition_sms: SMs of the green context the side work runs in (``AUX_STREAM`` /
+            ``DURING_COMBINE`` on CUDA), None = a plain side stream / the current stream.
+    """
+
+    max_tokens: int | None
+    order: SharedExpertOrder
+    partition_sms: int | None = None
+
+    def describe(self) -> str:
+        part = "" if self.partition_sms is None else f" on {self.partition_sms} SMs"
+        scope = "any T" if self.max_tokens is None else f"T <= {self.max_tokens}"
+        return f"{scope}: {self.order.value}{part}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedSchedule:
+    """Which order a layer runs at which T, and why (from ``resolve``).
+
+    Fields: ``regimes`` ascending by ``max_tokens``, the last one open (None); ``why`` the
+    rule that chose them (a table row, the default, or the caller's request).
+    """
+
+    regimes: tuple[SharedRegime, ...]
+    why: str
+
+    def __post_init__(self) -> None:
+        if not self.regimes or self.regimes[-1].max_tokens is not None:
+            raise ValueError("SharedSchedule.regimes must end with an open regime "
+                             "(max_tokens=None)")
+
+    @classmethod
+    def single(cls, order: SharedExpertOrder, why: str,
+               partition_sms: int | None = None) -> "SharedSchedule":
+        return cls(regimes=(SharedRegime(max_tokens=None, order=order,
+                                         partition_sms=partition_sms),), why=why)
+
+    def pick(self, rows: int) -> SharedRegime:
+        """The regime of a forward whose largest rank has ``rows`` tokens. Pure."""
+        for regime in self.regimes:
+            if regime.max_tokens is None or rows <= regime.max_tokens:
+                return regime
+        raise AssertionError("unreachable: the last regime is open")
+
+    @property
+    def orders(self) -> tuple[SharedExpertOrder, ...]:
+        return tuple(dict.fromkeys(r.order for r in self.regimes))
+
+    def describe(self) -> str:
+        return "; ".join(r.describe() for r in self.regimes)
 
 
 class SharedExpert(nn.Module):

@@ -16,16 +16,20 @@ __all__ = ["LayerStreams", "record_events"]
 
 
 class LayerStreams:
-    """Owner of one layer's aux stream. Holds no per-forward state.
+    """Owner of one layer's side streams: the aux stream of chunk overlap, and the shared
+    expert's side stream (plain, or one per SM-partition size in a green context). Holds no
+    per-forward state.
 
     Not thread-safe; all calls come from the forward thread.
     """
 
-    __slots__ = ("device", "_aux")
+    __slots__ = ("device", "_aux", "_shared", "_green")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._aux: Any = None
+        self._shared: dict[int | None, Any] = {}
+        self._green: dict[int, Any] = {}  # keeps each green context alive with its stream
 
     @property
     def is_cuda(self) -> bool:
@@ -37,6 +41,36 @@ class LayerStreams:
         if self._aux is None:
             self._aux = torch.cuda.Stream(device=self.device)
         return self._aux
+
+    def shared(self, partition_sms: int | None) -> Any:
+        """The shared expert's side stream (CUDA): a plain stream for ``None``, else a stream
+        of a ``torch.cuda.GreenContext`` holding ``partition_sms`` SMs (created once per size;
+        kernels issued there run on those SMs only, the rest stay with the routed experts).
+        Raises RuntimeError (naming the cause) when this torch cannot make one."""
+        stream = self._shared.get(partition_sms)
+        if stream is not None:
+            return stream
+        if partition_sms is None:
+            stream = torch.cuda.Stream(device=self.device)
+        else:
+            green_cls = getattr(torch.cuda, "GreenContext", None)
+            if green_cls is None:
+                raise RuntimeError("torch.cuda.GreenContext is missing from this torch; SM "
+                                   "partitions need torch >= 2.11 built with green contexts")
+            idx = self.device.index if self.device.index is not None \
+                else torch.cuda.current_device()
+            green = green_cls.create(num_sms=partition_sms, device_id=idx)
+            if hasattr(green, "Stream"):
+                stream = green.Stream()
+            else:  # older API: a stream created while the green context is current
+                green.set_context()
+                try:
+                    stream = torch.cuda.Stream(device=self.device)
+                finally:
+                    green.pop_context()
+            self._green[partition_sms] = green
+        self._shared[partition_sms] = stream
+        return stream
 
     def begin(self, overlap: bool) -> tuple[Any, Any]:
         """``(main, aux)`` for a forward starting now: with ``overlap`` (CUDA only) the

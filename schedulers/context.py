@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover - type names only
     from moerun.config import MoEConfig
     from moerun.mapping import Mapping
     from moerun.routing import Router
-    from moerun.shared_expert import SharedExpert
+    from moerun.shared_expert import SharedExpert, SharedRegime
     from moerun.streams import LayerStreams
 
 __all__ = ["ForwardContext", "LayerView", "ReadyInput"]
@@ -123,6 +123,12 @@ class ReadyInput:
             torch.cuda.current_stream().wait_event(self._ready)
         return self._x
 
+    def wait_event(self) -> None:
+        """Order the *current* stream after the caller's input-ready event (a side stream that
+        reads ``x`` before the first ``get``: the ``AUX_STREAM`` shared expert)."""
+        if self._event is not None:
+            self._event.wait()
+
     @property
     def padded(self) -> torch.Tensor | None:
         """The padded ``[P, H]`` tensor once built (None before the first ``get``)."""
@@ -149,6 +155,10 @@ class ForwardContext:
             (``start_wait_gpu``/``done_wait_gpu`` at its first chunk, ``start_set_cpu``/
             ``done_set_cpu`` at its last): the first / last repeat of the layer in the step.
         row_offset: global index of this forward's first row (EPLB replica routing).
+        shared: this forward's shared-expert regime (order, SM partition), None without a
+            shared expert. shared_out / shared_stream: the shared MLP's output and the side
+            stream it was issued on (``AUX_STREAM``, ``DURING_COMBINE``), set by
+            :mod:`schedulers.shared`.
         experts_done: events the balancer recorded after the last ``run_experts``.
     """
 
@@ -166,6 +176,9 @@ class ForwardContext:
     hooks_begin: bool = True
     hooks_end: bool = True
     row_offset: int = 0
+    shared: "SharedRegime | None" = None
+    shared_out: torch.Tensor | None = None
+    shared_stream: Any = None
     experts_done: list[Any] = field(default_factory=list)
 
     @property

@@ -1,8 +1,9 @@
 """``ExternalCommScheduler``: the host issues dispatch and combine (DESIGN 4.1).
 
-    counts + agreed checks -> plan (zero-token fix, chunks) -> comm method -> per chunk:
-    [start_wait] route [done_wait] statistic eplb.route dispatch | experts [start_set]
-    combine | combine.wait [done_set] -> strip padding, shared expert, return
+    counts + agreed checks -> plan (zero-token fix, chunks) -> comm method -> [aux shared]
+    -> per chunk: [start_wait] route [done_wait] statistic eplb.route dispatch | experts
+    [start_set] combine | [shared during combine |] combine.wait [done_set] -> strip padding,
+    shared expert, return
 
 Stateless: every per-forward value lives in the :class:`~schedulers.context.ForwardContext`
 that :meth:`ExternalCommScheduler.begin` creates; the layer is read through
@@ -33,16 +34,19 @@ from typing import Any, Generator, Sequence
 import torch
 
 from moerun.comm import AllGatherReduceScatter, CollectiveCursor
+from schedulers import shared as shared_expert
 from schedulers.context import ForwardContext, LayerView, ReadyInput
 from schedulers.plan import ForwardPlan, plan_forward
 from schedulers.validation import agree_counts, check_local_inputs
 from traces import Tracer
 
-__all__ = ["ExternalCommScheduler", "DISPATCH_ISSUED", "COMBINE_ISSUED", "drive"]
+__all__ = ["ExternalCommScheduler", "DISPATCH_ISSUED", "COMBINE_ISSUED", "SHARED_ISSUED",
+           "drive"]
 
 #: What :meth:`ExternalCommScheduler.steps` yields (the DBO scheduler switches there).
 DISPATCH_ISSUED = "dispatch_issued"
 COMBINE_ISSUED = "combine_issued"
+SHARED_ISSUED = "shared_issued"  # the DURING_COMBINE shared MLP, issued after the last combine
 
 _NULL = contextlib.nullcontext()
 
@@ -94,14 +98,18 @@ class ExternalCommScheduler:
                 logits[: plan.num_tokens] = router_logits
         overlap = self.use_chunk_overlap(layer, plan, strategy)
         main, aux = layer.streams.begin(overlap)
-        return ForwardContext(
+        schedule = layer.report.shared_schedule
+        ctx = ForwardContext(
             plan=plan, tracer=tracer, cursor=cursor, strategy=strategy,
             on_cuda=layer.device.type == "cuda", main=main, aux=aux, overlap=overlap,
             logits=logits,
             input=ReadyInput(x, rows=plan.local_rows, event=input_ready_event),
             hooks_begin=layer.repeat_idx == 0,
             hooks_end=layer.repeat_idx == layer.repeat_count - 1,
-            row_offset=plan.rank_offset)
+            row_offset=plan.rank_offset,
+            shared=None if schedule is None else schedule.pick(max(plan.padded_counts)))
+        shared_expert.start(layer, ctx)  # AUX_STREAM: before routing
+        return ctx
 
     # -- one forward as a generator --------------------------------------------------------
     def steps(self, layer: LayerView, ctx: ForwardContext
@@ -121,6 +129,8 @@ class ExternalCommScheduler:
                 with self._on(ctx, aux):
                     handle = self.run_experts_and_combine(layer, ctx, c, dispatched, role)
                 yield COMBINE_ISSUED
+                if c == plan.num_chunks - 1 and shared_expert.during_combine(layer, ctx):
+                    yield SHARED_ISSUED
                 with self._on(ctx, aux):
                     outs.append(self.finish_chunk(layer, ctx, c, handle, role))
         return self.assemble(layer, ctx, outs)
@@ -169,10 +179,14 @@ class ExternalCommScheduler:
         tracer, bal = ctx.tracer, layer.balancer
         with tracer.phase("dispatch.wait", stream=role):
             dispatched.wait()
+        ids, weights, fused = shared_expert.fuse(layer, ctx, c, dispatched)
         with tracer.phase("experts", stream=role):
-            expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
-                                                   dispatched.topk_weights,
-                                                   dispatched.topk_ids)
+            if fused is None:
+                expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
+                                                       weights, ids)
+            else:  # FUSED: the shared slots ride along in the routed kernels
+                expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
+                                                       weights, ids, shared=fused)
         if bal.enabled and ctx.hooks_end and c == ctx.plan.num_chunks - 1:
             with tracer.phase("eplb.start_set_cpu", stream=role):
                 bal.start_set_cpu(ctx)
@@ -193,17 +207,15 @@ class ExternalCommScheduler:
     def assemble(self, layer: LayerView, ctx: ForwardContext,
                  outs: list[torch.Tensor]) -> torch.Tensor:
         """Step 7: join the aux stream, concatenate chunks, strip DP padding, add the shared
-        expert (``SEQUENTIAL``: on the main stream, on the ``T`` real rows)."""
+        expert (:func:`schedulers.shared.finish`: computed now for ``SEQUENTIAL``, joined for
+        the stream orders, already inside for ``FUSED``)."""
         plan = ctx.plan
         if ctx.overlap:
             self._join_aux(layer, ctx, outs)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         if out.shape[0] != plan.num_tokens:
             out = out[: plan.num_tokens]  # strip DP padding (4.1 step 7)
-        if layer.shared_expert is not None:
-            with ctx.tracer.phase("shared"):
-                out = layer.shared_expert.add_to(out, ctx.input.raw)
-        return out
+        return shared_expert.finish(layer, ctx, out)
 
     # -- steps ---------------------------------------------------------------------------
     @staticmethod

@@ -9,15 +9,17 @@ from tests.moe_cases import make_case, reference_output, rel_err
 
 
 def moe_task(ctx, *, counts, comm="allgather", max_num_tokens=None, E=8, k=2, H=16, I=24,
-             shared=0, seed=0, pass_counts=True, use_dp_padding=False, dtype="float32"):
+             shared=0, seed=0, pass_counts=True, use_dp_padding=False, dtype="float32",
+             shared_order="auto", shared_gate=False, backend="auto"):
     """Run one layer forward on this rank's share; return its error vs the unsharded ref."""
     cfg = MoEConfig(num_experts=E, top_k=k, hidden_size=H, intermediate_size=I,
-                    shared_intermediate_size=shared, max_num_tokens=max_num_tokens,
-                    dtype=getattr(torch, dtype))
+                    shared_intermediate_size=shared, shared_expert_gate=shared_gate,
+                    max_num_tokens=max_num_tokens, dtype=getattr(torch, dtype))
     case = make_case(cfg, sum(counts), seed)
     lo = sum(counts[: ctx.rank])
     hi = lo + counts[ctx.rank]
-    with ConfigurableMoE(cfg, ctx.mapping(), comm=comm, layer_idx=0) as layer:
+    with ConfigurableMoE(cfg, ctx.mapping(), comm=comm, layer_idx=0, backend=backend,
+                         shared_expert_order=shared_order) as layer:
         layer.load_weights(case.w13, case.w2, case.shared)
         out = layer(case.x[lo:hi], case.logits[lo:hi],
                     all_rank_num_tokens=list(counts) if pass_counts else None,

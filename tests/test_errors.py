@@ -150,10 +150,26 @@ def test_layer_constructor_errors():
     with pytest.raises(ValueError, match=r"comm='carrier_pigeon' is unknown; valid: 'auto', "
                                          r"'none', 'allgather', 'alltoall'"):
         ConfigurableMoE(_cfg(), device="cpu", comm="carrier_pigeon")
-    with pytest.raises(ValueError, match=r"shared_expert_order='aux_stream' is not implemented "
-                                         r"yet"):
+    with pytest.raises(ValueError, match=r"shared_expert_order='carrier' is unknown; valid: "
+                                         r"'auto', 'sequential', 'aux_stream', "
+                                         r"'during_combine', 'fused'"):
         ConfigurableMoE(_cfg(shared_intermediate_size=4), device="cpu",
-                        shared_expert_order="aux_stream")
+                        shared_expert_order="carrier")
+    with pytest.raises(ValueError, match=r"shared_expert_order='fused' cannot run here: shape: "
+                                         r"shared size 5 is not a multiple of I="):
+        ConfigurableMoE(_cfg(shared_intermediate_size=5), device="cpu", backend="reference",
+                        shared_expert_order="fused")
+    with pytest.raises(ValueError, match=r"shared_expert_order='fused' cannot run here: "
+                                         r"unimplemented: backend grouped_mm does not fuse"):
+        ConfigurableMoE(_cfg(intermediate_size=8, shared_intermediate_size=8), device="cpu",
+                        backend="grouped_mm", shared_expert_order="fused")
+    with pytest.raises(ValueError, match=r"shared_partition_sms=16: SM partitions need CUDA"):
+        ConfigurableMoE(_cfg(shared_intermediate_size=4), device="cpu",
+                        shared_expert_order="aux_stream", shared_partition_sms=16)
+    with pytest.raises(ValueError, match=r"shared_partition_sms=16 needs shared_expert_order "
+                                         r"'aux_stream' or 'during_combine'"):
+        ConfigurableMoE(_cfg(shared_intermediate_size=4), device="cpu",
+                        shared_expert_order="sequential", shared_partition_sms=16)
 
 
 def test_layer_backend_that_cannot_run_here():

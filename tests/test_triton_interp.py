@@ -156,6 +156,39 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
                      err=rel(out, ref), dtype=dt_name, out_dtype=str(out.dtype),
                      shape=list(out.shape))
             emit(kind="timing", name=f"{name}/{dt_name}", secs=time.time() - t)
+    # 4. the fused shared expert (FUSED order): n = Is / I extra slots read from the shared
+    #    expert's own [2Is, H] / [H, Is] tensors; rows 0..m-2 visit them, row m-1 does not
+    from moerun.backends.base import FusedShared
+
+    for n in (1, 2):
+        m, k, s, h, i = 9, 2, 5, 48, 16
+        x = rnd(m, h, dtype=torch.float32)
+        w13 = rnd(s, 2 * i, h, dtype=torch.float32, scale=h ** -0.5)
+        w2 = rnd(s, h, i, dtype=torch.float32, scale=i ** -0.5)
+        sh = FusedShared(w13=rnd(2 * n * i, h, dtype=torch.float32, scale=h ** -0.5),
+                         w2=rnd(h, n * i, dtype=torch.float32, scale=(n * i) ** -0.5),
+                         first_slot=s, num_slots=n)
+        routed = torch.stack([torch.randperm(s, generator=g)[:k] for _ in range(m)]).int()
+        cols = torch.arange(s, s + n, dtype=torch.int32).expand(m, n).clone()
+        cols[-1] = -1
+        ids = torch.cat([routed, cols], dim=1)
+        tw = torch.cat([torch.rand(m, k, generator=g), torch.ones(m, n)], dim=1)
+        ref = reference_moe(x.double(), w13.double(), w2.double(), tw.double(), ids,
+                            FusedShared(w13=sh.w13.double(), w2=sh.w2.double(),
+                                        first_slot=s, num_slots=n))
+        al = moe_align(ids, s + n, 16)
+        act = torch.full((al.max_blocks * 16, i), float("nan"))
+        gate_up(x, w13, al, k + n, gu_cfg, out=act, shared=sh)
+        used = int(al.num_post[0])
+        emit(kind="fused", name=f"n{n}/gate_up-vs-twin", dtype="float32",
+             err=rel(act[:used], gate_up_torch(x, w13, al, k + n, shared=sh)[:used]))
+        for combine in ("reduce", "atomic"):
+            cfg = ExpertsConfig(block_m=16, gate_up=gu_cfg, down=DownConfig(block_n=16,
+                                block_k=16), combine=combine)
+            be = TritonExperts(ConfigTable(overrides={b: cfg for b in range(1, 64)}))
+            out = be.run_experts(x, w13, w2, tw, ids, shared=sh)
+            emit(kind="fused", name=f"n{n}/{combine}/backend-vs-reference", dtype="float32",
+                 err=rel(out, ref))
     # default (heuristic) config path and a bigger block_m
     x = rnd(20, 64, dtype=torch.float32)
     w13 = rnd(4, 64, 64, dtype=torch.float32, scale=0.125)
@@ -191,6 +224,13 @@ def _rows(report, kind):
 def test_align_matches_twin(report):
     bad = [r for r in _rows(report, "align") if not r["ok"]]
     assert not bad, bad
+
+
+def test_fused_shared_expert_slots(report):
+    rows = _rows(report, "fused")
+    assert len(rows) == 6
+    for r in rows:
+        assert r["err"] <= TOL_BACKEND[r["dtype"]], r
 
 
 @pytest.mark.parametrize("kind", ["gate_up", "down", "moe_sum"])

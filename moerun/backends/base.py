@@ -7,6 +7,7 @@ intermediate, ``S_local`` slots on this rank, ``K`` top-k.
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -26,8 +27,29 @@ __all__ = [
     "Eligibility",
     "Problem",
     "Deployment",
+    "FusedShared",
     "Backend",
 ]
+
+
+@dataclass(frozen=True, eq=False)
+class FusedShared:
+    """The shared expert as extra slots of one ``run_experts`` call (the ``FUSED`` order).
+
+    Fields:
+        w13: ``[2*Is, H]`` the shared expert's gate rows, then its up rows (its own tensor:
+            nothing is copied into the routed weights).
+        w2: ``[H, Is]``.
+        first_slot: ``S``: ids ``S .. S + n - 1`` in ``topk_ids`` name the shared slots.
+        num_slots: ``n = Is / I``: slot ``j`` is the ``I``-wide slice ``[j*I, (j+1)*I)`` of the
+            shared intermediate (gate rows ``j*I..``, up rows ``Is + j*I..``, w2 columns
+            ``j*I..``), so the sum over the n slots is the whole shared MLP.
+    """
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    first_slot: int
+    num_slots: int
 
 
 class Backend(abc.ABC):
@@ -40,7 +62,7 @@ class Backend(abc.ABC):
         name: registry name.
         scheduler_kind: :class:`SchedulerKind`.
         supports_non_divisible_ep: may run when ``S % ep_size != 0``.
-        supports_fused_shared: can fold the shared expert in as extra expert groups.
+        supports_fused_shared: ``run_experts`` accepts ``shared=`` (:class:`FusedShared`).
     """
 
     name: ClassVar[str]
@@ -61,6 +83,7 @@ class Backend(abc.ABC):
         w2: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
+        shared: FusedShared | None = None,
     ) -> torch.Tensor:
         """Expert compute for this rank's slots.
 
@@ -69,7 +92,9 @@ class Backend(abc.ABC):
             w13: ``[S_local, 2*I, H]`` gate rows then up rows.
             w2: ``[S_local, H, I]``.
             topk_weights: ``[M, K]`` fp32.
-            topk_ids: ``[M, K]`` int32 local slot ids in ``[0, S_local)`` or ``-1``.
+            topk_ids: ``[M, K]`` int32 local slot ids in ``[0, S_local)`` or ``-1``; with
+                ``shared``, also ``[S_local, S_local + n)`` for the shared slots.
+            shared: the shared expert's slots (only where ``supports_fused_shared``).
 
         Returns:
             ``[M, H]`` in ``x.dtype``: the weighted sum over this rank's (t, j) pairs; rows with

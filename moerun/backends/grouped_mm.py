@@ -176,8 +176,12 @@ class GroupedMMExperts(Backend):
                     f"multiple of {_STRIDE_ALIGN_BYTES} B")
         return Eligibility.yes()
 
-    def run_experts(self, x, w13, w2, topk_weights, topk_ids):
-        """See :func:`grouped_mm_experts` (no host sync; CUDA-graph safe)."""
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None):
+        """See :func:`grouped_mm_experts` (no host sync; CUDA-graph safe). ``shared`` is not
+        supported (``supports_fused_shared`` is False)."""
+        if shared is not None:
+            raise ValueError("GroupedMMExperts does not fuse the shared expert; use another "
+                             "shared_expert_order")
         return grouped_mm_experts(x, w13, w2, topk_weights, topk_ids)
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:

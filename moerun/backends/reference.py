@@ -12,12 +12,34 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from moerun.backends.base import Backend
+from moerun.backends.base import Backend, FusedShared
 from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.config import Activation
 from moerun.env import Env
 
-__all__ = ["ReferenceExperts", "reference_moe"]
+__all__ = ["ReferenceExperts", "reference_moe", "slot_w13", "slot_w2"]
+
+
+def slot_w13(s: int, w13: torch.Tensor, shared: FusedShared | None) -> torch.Tensor:
+    """``[2I, H]`` gate and up rows of slot ``s``: routed (``s < S``) or the ``I``-wide slice
+    ``s - S`` of the fused shared expert (a copy of its gate and up rows)."""
+    if s < w13.shape[0]:
+        return w13[s]
+    assert shared is not None
+    inter = w13.shape[1] // 2
+    s_inter = shared.w13.shape[0] // 2
+    lo = (s - w13.shape[0]) * inter
+    return torch.cat([shared.w13[lo:lo + inter], shared.w13[s_inter + lo:s_inter + lo + inter]])
+
+
+def slot_w2(s: int, w2: torch.Tensor, shared: FusedShared | None) -> torch.Tensor:
+    """``[H, I]`` down projection of slot ``s`` (see :func:`slot_w13`)."""
+    if s < w2.shape[0]:
+        return w2[s]
+    assert shared is not None
+    inter = w2.shape[2]
+    lo = (s - w2.shape[0]) * inter
+    return shared.w2[:, lo:lo + inter]
 
 
 def reference_moe(
@@ -26,11 +48,13 @@ def reference_moe(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    shared: FusedShared | None = None,
 ) -> torch.Tensor:
     """Pure-torch ``sum_j w[t,j] * (silu(x W_gate^T) * (x W_up^T)) W_2^T``.
 
-    Shapes as :meth:`Backend.run_experts`. Accumulates in fp32 (fp64 for fp64 inputs) and
-    returns ``x.dtype``. Host sync: yes (``nonzero`` per slot).
+    Shapes as :meth:`Backend.run_experts` (``shared``: the fused shared slots). Accumulates
+    in fp32 (fp64 for fp64 inputs) and returns ``x.dtype``. Host sync: yes (``nonzero`` per
+    slot).
     """
     m, h = x.shape
     num_slots, two_i, _ = w13.shape
@@ -40,16 +64,18 @@ def reference_moe(
     if m == 0:
         return out.to(x.dtype)
     ids = topk_ids.to(torch.int64)
-    for s in range(num_slots):
+    total = num_slots + (0 if shared is None else shared.num_slots)
+    for s in range(total):
         hit = ids == s  # [M, K]
         rows = hit.any(dim=1).nonzero().squeeze(1)  # NOTE: host sync
         if rows.numel() == 0:
             continue
         w = (topk_weights.to(acc_dtype) * hit.to(acc_dtype)).sum(dim=1)[rows]  # [R]
         xs = x[rows]
-        gate_up = xs @ w13[s].t()
+        w13_s, w2_s = slot_w13(s, w13, shared), slot_w2(s, w2, shared)
+        gate_up = xs @ w13_s.to(x.dtype).t()
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = act @ w2[s].t()
+        y = act @ w2_s.to(x.dtype).t()
         out.index_add_(0, rows, y.to(acc_dtype) * w[:, None])
     return out.to(x.dtype)
 
@@ -59,6 +85,7 @@ class ReferenceExperts(Backend):
 
     name: ClassVar[str] = "reference"
     supports_non_divisible_ep: ClassVar[bool] = True
+    supports_fused_shared: ClassVar[bool] = True
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
@@ -66,5 +93,5 @@ class ReferenceExperts(Backend):
             return Eligibility.no(RejectReason.ACTIVATION, f"{problem.activation} unsupported")
         return Eligibility.yes()
 
-    def run_experts(self, x, w13, w2, topk_weights, topk_ids):
-        return reference_moe(x, w13, w2, topk_weights, topk_ids)
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None):
+        return reference_moe(x, w13, w2, topk_weights, topk_ids, shared)

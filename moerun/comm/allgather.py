@@ -44,6 +44,7 @@ class AllGatherReduceScatter(CommStrategy):
     name: ClassVar[str] = "AllGatherReduceScatter"
     supports_non_divisible_ep: ClassVar[bool] = True
     capturable: ClassVar[bool] = True
+    supports_fused_shared: ClassVar[bool] = True
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
@@ -78,6 +79,11 @@ class AllGatherReduceScatter(CommStrategy):
                                 counts_per_source=chunk.counts, cursor=cur, meta=chunk,
                                 pending=(p_x, p_meta))
         return result if async_op else result.wait()
+
+    def own_rows(self, dispatch: DispatchResult) -> tuple[int, int]:
+        """This rank's rows sit at ``[rank*m, rank*m + n)`` of the gathered rows."""
+        chunk = dispatch.meta
+        return self.rank * chunk.max, self.rank * chunk.max + chunk.local
 
     def combine(self, expert_out, dispatch: DispatchResult, *, async_op: bool = False):
         chunk = dispatch.meta

@@ -133,12 +133,15 @@ class CommStrategy(abc.ABC):
     """Moves tokens between ranks. Built once per layer; holds no per-chunk state.
 
     Declarations (data): ``name``; ``supports_non_divisible_ep``; ``capturable`` (no host
-    sync in dispatch/combine with fixed counts).
+    sync in dispatch/combine with fixed counts); ``supports_fused_shared`` (every row of this
+    rank is in the dispatched rows at a known place, so the ``FUSED`` shared expert can be
+    applied to exactly this rank's rows).
     """
 
     name: ClassVar[str]
     supports_non_divisible_ep: ClassVar[bool] = False
     capturable: ClassVar[bool] = False
+    supports_fused_shared: ClassVar[bool] = False
 
     def __init__(self, comm: Communicator, partition: SlotPartition) -> None:
         self.comm = comm
@@ -159,6 +162,11 @@ class CommStrategy(abc.ABC):
     def is_workload_feasible(self, all_rank_num_tokens: tuple[int, ...], num_chunks: int) -> bool:
         """Per-forward limits. Must be a pure function of rank-identical inputs."""
         return True
+
+    def own_rows(self, dispatch: DispatchResult) -> tuple[int, int]:
+        """``[start, end)`` of this rank's own rows among ``dispatch.x`` (padded rows
+        included), for strategies that declare ``supports_fused_shared``."""
+        raise NotImplementedError(f"{self.name} does not keep this rank's rows identifiable")
 
     def supports_post_quant_dispatch(self) -> bool:
         """Whether quantization may happen before dispatch (no quantizing backend yet)."""

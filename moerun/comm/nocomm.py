@@ -19,6 +19,7 @@ class NoComm(CommStrategy):
     name: ClassVar[str] = "NoComm"
     supports_non_divisible_ep: ClassVar[bool] = True
     capturable: ClassVar[bool] = True
+    supports_fused_shared: ClassVar[bool] = True
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
@@ -33,6 +34,9 @@ class NoComm(CommStrategy):
             topk_ids = topk_ids.to(torch.int32)
         return DispatchResult(x=x, topk_ids=topk_ids, topk_weights=topk_weights,
                               counts_per_source=(x.shape[0],), cursor=prepared.cursor)
+
+    def own_rows(self, dispatch: DispatchResult) -> tuple[int, int]:
+        return 0, dispatch.x.shape[0]
 
     def combine(self, expert_out, dispatch, *, async_op: bool = False):
         if async_op:

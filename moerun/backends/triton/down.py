@@ -23,6 +23,8 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
 
+from moerun.backends.base import FusedShared
+from moerun.backends.reference import slot_w2
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import DownConfig
 from moerun.backends.triton.gate_up import dot_precision, grouped_pid
@@ -38,18 +40,19 @@ def _down_kernel(
     # tensors
     act_ptr,  # [R, I]
     w2_ptr,  # [S, H, I]
+    sw2_ptr,  # [H, Is] shared expert (read iff SHARED)
     out_ptr,  # ATOMIC: [M, H] fp32 accumulator; else [M*K, H] x.dtype
     topk_weights_ptr,  # [M*K] fp32
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment
     # sizes
-    num_pairs, hidden, inter, max_blocks,
-    # strides in elements (last dims contiguous)
-    stride_am, stride_we, stride_wn, stride_om,
+    num_pairs, hidden, inter, max_blocks, num_routed,
+    # strides in elements (last dims contiguous); s_stride_n: the shared tensor's row stride
+    stride_am, stride_we, stride_wn, stride_om, s_stride_n,
     # meta
     TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-    ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+    ATOMIC: tl.constexpr, PRECISION: tl.constexpr, SHARED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -63,7 +66,17 @@ def _down_kernel(
     offs_nw = offs_n % hidden
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     a_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    b_ptrs = w2_ptr + expert * stride_we + offs_nw[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    if SHARED == 0:
+        w_base = w2_ptr + expert * stride_we
+        row_stride = stride_wn
+    else:
+        if expert >= num_routed:  # a shared slot: columns [j*I, (j+1)*I) of [H, Is]
+            w_base = sw2_ptr + (expert - num_routed) * inter
+            row_stride = s_stride_n if SHARED == 2 else stride_wn
+        else:
+            w_base = w2_ptr + expert * stride_we
+            row_stride = stride_wn
+    b_ptrs = w_base + offs_nw[None, :].to(tl.int64) * row_stride + offs_k[:, None]
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, tl.cdiv(inter, BLOCK_K * SPLIT_K)):
@@ -98,7 +111,7 @@ _LAUNCH = FastLauncher(_down_kernel)
 # ---------------------------------------------------------------- launcher
 def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: torch.Tensor,
          top_k: int, cfg: DownConfig, *, atomic_out: torch.Tensor | None = None,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+         out: torch.Tensor | None = None, shared: FusedShared | None = None) -> torch.Tensor:
     """Weighted down projection of the aligned rows.
 
     Args:
@@ -112,6 +125,7 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
             combine); the call returns it.
         out: else an optional ``[M*K, H]`` act.dtype buffer for the per-pair rows (rows of
             ``-1`` pairs are not written).
+        shared: the fused shared expert (its ``w2 [H, Is]``; slots ``S..S+n-1``).
 
     Returns: ``atomic_out`` or ``y [M*K, H]``. One launch; current stream; no host sync.
     """
@@ -138,16 +152,25 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
         elif out.shape != (align.num_pairs, h) or out.dtype != act.dtype or out.stride(1) != 1:
             raise ValueError(f"out must be [{align.num_pairs}, {h}] {act.dtype}")
         dst = out
+    mode, sw2 = 0, w2
+    if shared is not None:
+        sw2 = shared.w2
+        if sw2.dtype != act.dtype or sw2.shape[0] != h or sw2.stride(1) != 1 \
+                or sw2.shape[1] % inter or shared.first_slot != s:
+            raise ValueError(f"shared w2 {tuple(sw2.shape)} {sw2.dtype} must be [{h}, Is] "
+                             f"{act.dtype}, Is a multiple of {inter}, first_slot == S={s}")
+        mode = 1 if sw2.stride(0) == w2.stride(1) else 2
     grid = (align.max_blocks * cdiv(h, cfg.block_n), cfg.split_k)
     _LAUNCH(
         grid,
-        act, w2, dst, topk_weights, align.sorted_ids, align.expert_ids, align.num_post,
-        align.num_pairs, h, inter, align.max_blocks,
-        act.stride(0), w2.stride(0), w2.stride(1), dst.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, EVEN_K, ATOMIC, PRECISION
+        act, w2, sw2, dst, topk_weights, align.sorted_ids, align.expert_ids, align.num_post,
+        align.num_pairs, h, inter, align.max_blocks, s,
+        act.stride(0), w2.stride(0), w2.stride(1), dst.stride(0), sw2.stride(0),
+        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, EVEN_K, ATOMIC, PRECISION,
+        # SHARED
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.split_k,
         inter % (cfg.block_k * cfg.split_k) == 0, atomic_out is not None,
-        dot_precision(act.dtype),
+        dot_precision(act.dtype), mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dst
@@ -155,8 +178,9 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
 
 # ---------------------------------------------------------------- torch twin
 def down_torch(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
-               topk_weights: torch.Tensor, top_k: int, *, atomic: bool) -> torch.Tensor:
-    """Pure-torch twin of :func:`down` (fp32 math; no sync).
+               topk_weights: torch.Tensor, top_k: int, *, atomic: bool,
+               shared: FusedShared | None = None) -> torch.Tensor:
+    """Pure-torch twin of :func:`down` (fp32 math; a host sync per block to pick the slot).
 
     Returns the fp32 ``[M, H]`` sum when ``atomic``, else ``y [M*K, H]`` act.dtype with zero
     rows for excluded pairs (the kernel leaves those unwritten).
@@ -169,9 +193,10 @@ def down_torch(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
     wflat = torch.cat([topk_weights.reshape(-1).float(), topk_weights.new_zeros(1)])
     for b in range(align.max_blocks):
         pair = align.sorted_ids[b * bm:(b + 1) * bm].long().clamp(max=p)
-        e = align.expert_ids[b].long().clamp(min=0)
+        e = int(align.expert_ids[b].clamp(min=0))  # NOTE: host sync (twin only)
         live = (align.expert_ids[b] >= 0) & (b * bm < align.num_post[0])
-        yb = (act[b * bm:(b + 1) * bm].float() @ w2[e].float().t()) * wflat[pair][:, None]
+        yb = (act[b * bm:(b + 1) * bm].float() @ slot_w2(e, w2, shared).float().t()) \
+            * wflat[pair][:, None]
         y.index_add_(0, pair, torch.where(live, yb, torch.zeros_like(yb)))
     y = y[:p]
     if atomic:

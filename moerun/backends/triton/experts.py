@@ -65,6 +65,7 @@ class TritonExperts(Backend):
 
     name: ClassVar[str] = "triton"
     supports_non_divisible_ep: ClassVar[bool] = True  # it only ever sees local slots
+    supports_fused_shared: ClassVar[bool] = True
 
     def __init__(self, configs=None):
         self._configs = configs
@@ -113,8 +114,12 @@ class TritonExperts(Backend):
         """The :class:`ExpertsConfig` a call with these sizes uses (host-only lookup)."""
         return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k, dtype)
 
-    def run_experts(self, x, w13, w2, topk_weights, topk_ids):
-        """See :meth:`Backend.run_experts`. 4 launches (module docstring); no host sync."""
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None):
+        """See :meth:`Backend.run_experts`. 4 launches (module docstring); no host sync.
+
+        With ``shared`` (the ``FUSED`` order) the alignment covers ``S + n`` slots and the two
+        GEMMs read the shared slots from the shared expert's own tensors; the tile config is
+        the routed shape's (its ``K``), so tuned files keep applying."""
         from moerun.backends.triton.align import moe_align
         from moerun.backends.triton.combine import moe_sum
         from moerun.backends.triton.down import down
@@ -146,16 +151,17 @@ class TritonExperts(Backend):
         if not weights.is_contiguous():
             weights = weights.contiguous()
 
-        cfg = self.config_for(s, inter, h, m, k, x.dtype)
+        n_shared = 0 if shared is None else shared.num_slots
+        cfg = self.config_for(s, inter, h, m, k - n_shared, x.dtype)
         atomic = cfg.combine == "atomic"
         acc = torch.empty(m, h, dtype=torch.float32, device=x.device) if atomic else None
-        align = moe_align(ids, s, cfg.block_m, zero=acc)  # launch 1
-        act = gate_up(x, w13, align, k, cfg.gate_up)  # launch 2
+        align = moe_align(ids, s + n_shared, cfg.block_m, zero=acc)  # launch 1
+        act = gate_up(x, w13, align, k, cfg.gate_up, shared=shared)  # launch 2
         if atomic:
-            down(act, w2, align, weights, k, cfg.down, atomic_out=acc)  # launch 3
+            down(act, w2, align, weights, k, cfg.down, atomic_out=acc, shared=shared)  # 3
             return acc if x.dtype == torch.float32 else acc.to(x.dtype)  # launch 4
-        y = down(act, w2, align, weights, k, cfg.down)  # launch 3
-        return moe_sum(y, ids, s)  # launch 4
+        y = down(act, w2, align, weights, k, cfg.down, shared=shared)  # launch 3
+        return moe_sum(y, ids, s + n_shared)  # launch 4
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:
         """Aligned ``act`` rows + per-pair rows (or the fp32 sum) + index buffers."""

@@ -10,6 +10,11 @@ accumulators for the same columns live in registers and ``silu(g) * u`` is forme
 result is written in *aligned row order* (``act[R, I]``), so the down GEMM reads contiguous
 rows. Padding rows load zeros and write zeros.
 
+Fused shared expert (``SHARED > 0``): blocks of slots ``>= num_routed`` stream the shared
+expert's own ``[2*Is, H]`` tensor instead (slot ``j``: gate rows ``j*I..``, up rows
+``Is + j*I..``); ``SHARED = 1`` when ``Is == I`` (the up offset is the routed one),
+``SHARED = 2`` otherwise. ``SHARED = 0`` compiles exactly the routed-only kernel.
+
 Ordering: programs are grouped ``GROUP_M`` blocks at a time (m fastest inside a group) so the
 blocks of one expert share weight tiles through L2; ``GROUP_M = 1`` puts every block's N
 tiles together, which also leaves the unused blocks (past ``num_post``) at the grid's end.
@@ -24,6 +29,8 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
 
+from moerun.backends.base import FusedShared
+from moerun.backends.reference import slot_w13
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import GateUpConfig
 
@@ -56,16 +63,19 @@ def _gate_up_kernel(
     # tensors
     x_ptr,  # [M, H]
     w13_ptr,  # [S, 2I, H]
+    sw13_ptr,  # [2*Is, H] shared expert (read iff SHARED)
     act_ptr,  # [R, I] out, x.dtype
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment
     # sizes
-    num_pairs, inter, hidden, max_blocks,
-    # strides in elements (the last dim of every tensor is contiguous)
+    num_pairs, inter, hidden, max_blocks, num_routed, s_inter,
+    # strides in elements (the last dim of every tensor is contiguous; the shared tensor's
+    # row stride equals stride_wn = H)
     stride_xm, stride_we, stride_wn, stride_am,
     # meta
     TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    SHARED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
@@ -82,8 +92,18 @@ def _gate_up_kernel(
     offs_k = tl.arange(0, BLOCK_K)
 
     a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
-    g_ptrs = w13_ptr + expert * stride_we + offs_nw[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-    u_ptrs = g_ptrs + inter * stride_wn
+    if SHARED == 0:
+        w_base = w13_ptr + expert * stride_we
+        up_rows = inter
+    else:
+        if expert >= num_routed:  # a shared slot: its I-wide slice of the shared tensor
+            w_base = sw13_ptr + (expert - num_routed) * inter * stride_wn
+            up_rows = s_inter if SHARED == 2 else inter
+        else:
+            w_base = w13_ptr + expert * stride_we
+            up_rows = inter
+    g_ptrs = w_base + offs_nw[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    u_ptrs = g_ptrs + up_rows * stride_wn
 
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -113,7 +133,8 @@ _LAUNCH = FastLauncher(_gate_up_kernel)
 
 # ---------------------------------------------------------------- launcher
 def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
-            cfg: GateUpConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+            cfg: GateUpConfig, out: torch.Tensor | None = None,
+            shared: FusedShared | None = None) -> torch.Tensor:
     """``act[r] = silu(x[tok(r)] @ W_gate[e]^T) * (x[tok(r)] @ W_up[e]^T)`` per aligned row.
 
     Args:
@@ -123,6 +144,8 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
         top_k: ``K``.
         cfg: tile (``block_m`` comes from ``align``).
         out: optional ``[max_blocks*BM, I]`` buffer (tests poison it).
+        shared: the fused shared expert (slots ``S..S+n-1``; ``align`` built with ``S + n``
+            slots).
 
     Returns: ``act [max_blocks*BM, I]`` x.dtype, rows in aligned order; rows of blocks past
     ``num_post`` are not written. One launch; current stream; no host sync.
@@ -142,15 +165,23 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
         out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
     elif out.shape != (rows, inter) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{rows}, {inter}] {x.dtype}")
+    mode, sw13, s_inter = 0, w13, inter
+    if shared is not None:
+        sw13, s_inter = shared.w13, shared.w13.shape[0] // 2
+        if sw13.dtype != x.dtype or sw13.shape[1] != h or sw13.stride(0) != w13.stride(1) \
+                or sw13.stride(1) != 1 or shared.first_slot != s:
+            raise ValueError(f"shared w13 {tuple(sw13.shape)} {sw13.dtype} must be [2*Is, {h}] "
+                             f"{x.dtype}, contiguous, first_slot == S={s}")
+        mode = 1 if s_inter == inter else 2
     grid = (align.max_blocks * cdiv(inter, cfg.block_n),)
     _LAUNCH(
         grid,
-        x, w13, out, align.sorted_ids, align.expert_ids, align.num_post,
-        align.num_pairs, inter, h, align.max_blocks,
+        x, w13, sw13, out, align.sorted_ids, align.expert_ids, align.num_post,
+        align.num_pairs, inter, h, align.max_blocks, s, s_inter,
         x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION
+        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, SHARED
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, h % cfg.block_k == 0,
-        dot_precision(x.dtype),
+        dot_precision(x.dtype), mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -158,8 +189,9 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
 
 # ---------------------------------------------------------------- torch twin
 def gate_up_torch(x: torch.Tensor, w13: torch.Tensor, align: Alignment,
-                  top_k: int) -> torch.Tensor:
-    """Pure-torch twin of :func:`gate_up` (fp32 math, one loop step per block; no sync).
+                  top_k: int, shared: FusedShared | None = None) -> torch.Tensor:
+    """Pure-torch twin of :func:`gate_up` (fp32 math, one loop step per block; a host sync
+    per block to pick the slot's weights).
 
     Rows of blocks past ``num_post`` are zero here (the kernel leaves them unwritten).
     """
@@ -171,8 +203,8 @@ def gate_up_torch(x: torch.Tensor, w13: torch.Tensor, align: Alignment,
     for b in range(align.max_blocks):
         rows = align.sorted_ids[b * bm:(b + 1) * bm].long()
         tok = torch.where(rows < align.num_pairs, rows // top_k, torch.full_like(rows, m))
-        e = align.expert_ids[b].long().clamp(min=0)
-        gu = xf[tok] @ w13[e].float().t()
+        e = int(align.expert_ids[b].clamp(min=0))  # NOTE: host sync (twin only)
+        gu = xf[tok] @ slot_w13(e, w13, shared).float().t()
         act = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
         live = (align.expert_ids[b] >= 0) & (b * bm < align.num_post[0])
         out[b * bm:(b + 1) * bm] = torch.where(live, act, torch.zeros_like(act)).to(x.dtype)
