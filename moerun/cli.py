@@ -88,6 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
                             "shared expert): host issue time, eager and graph-replay time, the "
                             "expert kernels alone, against the combined floor; --shapes takes "
                             "layer shapes (qwen3-30b-a3b, deepseek-v3; default on CPU: tiny)")
+    bench.add_argument("--shared", action="store_true",
+                       help="time every shared-expert order (and SM partition size) on a "
+                            "DeepSeek-V3-like layer (E 32 and 256; tiny on CPU) against the "
+                            "combined floor, and pick one per T")
+    bench.add_argument("--write-table", nargs="?", const="default", default=None,
+                       metavar="PATH",
+                       help="with --shared: write the picks into the table resolve reads "
+                            "(default path: moerun/shared_table.json)")
+    bench.add_argument("--min-gain", type=float, default=0.01,
+                       help="with --shared: an order must beat sequential by this fraction "
+                            "to be picked (default 0.01)")
     bench.add_argument("--n", type=int, default=200_000,
                        help="ranges timed with --overhead (default 200000)")
     from moerun.bench.command import add_arguments
@@ -301,6 +312,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.shared:
+        from moerun.bench.shared_command import run_shared_bench
+
+        return run_shared_bench(args)
     if args.layer:
         from moerun.bench.layer_command import run_layer_bench
 

@@ -26,7 +26,7 @@ from moerun.resolve import ResolutionReport, resolve
 from moerun.routing import Router
 from moerun.shared_expert import SharedExpert
 from moerun.streams import LayerStreams
-from schedulers import ExternalCommScheduler
+from schedulers import DBOConfig, DualBatchOverlapScheduler, ExternalCommScheduler
 from traces import Tracer
 
 __all__ = ["ConfigurableMoE"]
@@ -63,6 +63,9 @@ class ConfigurableMoE(nn.Module):
             ``"during_combine"`` or ``"fused"`` (see :class:`moerun.SharedExpertOrder`).
         shared_partition_sms: with ``aux_stream`` / ``during_combine`` on CUDA, run the shared
             MLP in a ``torch.cuda.GreenContext`` of this many SMs (None: a plain side stream).
+        scheduler: ``"auto"`` (today: ``"external"``; the report says why), ``"external"`` or
+            ``"dbo"`` (dual-batch overlap: two micro-batches interleaved on this thread when
+            the split rule says so). dbo_config: its :class:`schedulers.DBOConfig`.
         balancer: a per-layer balancer handle (``eplb.LayerBalancerHooks``); default: none.
         layer_idx: for NVTX names (``L{layer_idx}``), timeouts and EPLB.
         repeat_count: forwards of this layer per model step (EPLB hook gating).
@@ -84,7 +87,8 @@ class ConfigurableMoE(nn.Module):
     def __init__(self, config: MoEConfig, mapping: Mapping | None = None, *,
                  backend: str | Backend = "auto", comm: str | type[CommStrategy] = "auto",
                  router: str = "auto", shared_expert_order: str = "auto",
-                 shared_partition_sms: int | None = None, balancer: Any = None,
+                 shared_partition_sms: int | None = None, scheduler: str = "auto",
+                 dbo_config: DBOConfig | None = None, balancer: Any = None,
                  layer_idx: int | None = None, repeat_count: int = 1,
                  device: torch.device | str | None = None, recorder: Any = None,
                  chunk_overlap: bool = True) -> None:
@@ -133,7 +137,7 @@ class ConfigurableMoE(nn.Module):
         self.report: ResolutionReport = resolve(
             problem, deployment, get_env(), backend=backend_choice, comm=comm, router=router,
             shared_expert_order=shared_expert_order, shared_partition_sms=shared_partition_sms,
-            max_chunk_rows=chunk_rows)
+            scheduler=scheduler, max_chunk_rows=chunk_rows)
         if not self.partition.divisible and not self.report.strategy_cls.supports_non_divisible_ep:
             raise ValueError(f"comm strategy {self.report.strategy} does not support "
                              f"num_slots={num_slots} % ep_size={mapping.ep_size} != 0")
@@ -141,7 +145,9 @@ class ConfigurableMoE(nn.Module):
             else self.report.backend_cls()
         self.communicator = Communicator(mapping, layer_idx=layer_idx)
         self.strategy: CommStrategy = self.report.strategy_cls(self.communicator, self.partition)
-        self.scheduler = ExternalCommScheduler()
+        self.scheduler = (DualBatchOverlapScheduler(dbo_config)
+                          if self.report.scheduler == "DualBatchOverlapScheduler"
+                          else ExternalCommScheduler())
         s_local = self.slot_end - self.slot_start
         h, i = config.hidden_size, config.intermediate_size
         kw = dict(dtype=config.dtype, device=self.device)

@@ -43,7 +43,8 @@ class ResolutionReport:
         strategy: chosen communication strategy name. strategy_cls: its class.
         router: chosen router name (``"triton"``: one fused kernel; ``"torch"``: the twin).
         router_cls: its class.
-        scheduler: scheduler class name.
+        scheduler: scheduler class name (``ExternalCommScheduler`` or
+            ``DualBatchOverlapScheduler``); why it was chosen is in ``notes``.
         shared_expert_order: the shared-expert schedule in words (one order, or the order per
             T regime), or None without a shared expert.
         shared_schedule: the :class:`~moerun.shared_expert.SharedSchedule` the scheduler
@@ -237,10 +238,31 @@ def _pick_shared(problem: Problem, deployment: Deployment, env: Env,
     return schedule
 
 
+SCHEDULER_NAMES = ("external", "dbo")
+
+
+def _pick_scheduler(requested: str, deployment: Deployment) -> tuple[str, str]:
+    """``(scheduler class name, why)``."""
+    if requested not in ("auto",) + SCHEDULER_NAMES:
+        raise ValueError(f"scheduler={requested!r} is unknown; valid: 'auto', "
+                         + ", ".join(repr(n) for n in SCHEDULER_NAMES))
+    if requested == "dbo":
+        from schedulers.dbo_rule import DBOConfig
+
+        return ("DualBatchOverlapScheduler",
+                f"scheduler='dbo' requested; split rule: {DBOConfig().describe()}")
+    if requested == "external":
+        return "ExternalCommScheduler", "scheduler='external' requested"
+    why = ("auto: one rank, no communication to hide" if deployment.world_size == 1 else
+           "auto: no measured DBO table for this deployment (pass scheduler='dbo' to split "
+           "micro-batches)")
+    return "ExternalCommScheduler", why
+
+
 def resolve(problem: Problem, deployment: Deployment, env: Env, *,
             backend: str | type[Backend] = "auto", comm: str | type[CommStrategy] = "auto",
             router: str = "auto", shared_expert_order: str = "auto",
-            shared_partition_sms: int | None = None,
+            shared_partition_sms: int | None = None, scheduler: str = "auto",
             max_chunk_rows: int = 1) -> ResolutionReport:
     """Choose candidates for one layer. Pure: reads only its arguments.
 
@@ -253,6 +275,9 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
             and ``DURING_COMBINE`` on several) or a :class:`SharedExpertOrder` value.
         shared_partition_sms: with an explicit ``AUX_STREAM`` / ``DURING_COMBINE`` order, run
             its side work in a green context of this many SMs (CUDA).
+        scheduler: ``"auto"``, ``"external"`` or ``"dbo"`` (dual-batch overlap; its split rule
+            then decides per forward). ``"auto"`` picks ``"external"``: DBO pays only where
+            communication is exposed, and no measured table says so for any deployment yet.
         max_chunk_rows: rows of the largest chunk, for the workspace estimate.
 
     Raises ValueError when a requested candidate cannot run, naming the reason.
@@ -283,10 +308,12 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
                             shared_expert_order, shared_partition_sms, rejected)
     if schedule is not None:
         notes = notes + (f"shared expert: {schedule.why}",)
+    sched_name, sched_why = _pick_scheduler(scheduler, deployment)
+    notes = notes + (f"scheduler: {sched_why}",)
     return ResolutionReport(
         backend=backend_cls.name, backend_cls=backend_cls, strategy=strategy_cls.name,
         strategy_cls=strategy_cls, router=router_cls.name, router_cls=router_cls,
-        scheduler="ExternalCommScheduler",
+        scheduler=sched_name,
         shared_expert_order=None if schedule is None else schedule.describe(),
         shared_schedule=schedule,
         workspace_bytes_per_chunk=backend_cls().workspace_bytes(problem, max_chunk_rows),

@@ -84,13 +84,27 @@ class ExternalCommScheduler:
         the plan (zero-token fix, chunks), the communication method, logits padding, the
         streams. Collectives: the validation/count gather when needed. Host sync: then."""
         layer.check_usable()
-        mapping = layer.mapping
         cursor = CollectiveCursor(step=layer.step)
-        tracer = Tracer(layer_idx=layer.layer_idx, rank=mapping.rank, recorder=layer.recorder)
         counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor)
-        plan = plan_forward(counts, rank=mapping.rank, use_dp_padding=use_dp_padding,
+        plan = plan_forward(counts, rank=layer.mapping.rank, use_dp_padding=use_dp_padding,
                             max_num_tokens=layer.config.max_num_tokens)
         strategy = self.determine_communication_method(layer, plan)
+        return self.context(layer, x, router_logits, plan=plan, cursor=cursor,
+                            strategy=strategy, input_ready_event=input_ready_event)
+
+    def context(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor, *,
+                plan: ForwardPlan, cursor: CollectiveCursor, strategy: Any,
+                input_ready_event: Any, ub: int | None = None, hooks_begin: bool = True,
+                hooks_end: bool = True, row_base: int = 0,
+                shared_rows: int | None = None) -> ForwardContext:
+        """The context of one forward (or one DBO micro-batch ``ub``) over ``x [T, H]``:
+        logits padded to the plan's rows, the streams, the shared-expert regime (picked by
+        ``shared_rows``, default the plan's largest rank), and, for :meth:`steps`, the
+        [AUX_STREAM] shared MLP already issued. ``hooks_begin``/``hooks_end`` restrict the
+        gated EPLB hooks (the DBO scheduler gives them to one micro-batch each);
+        ``row_base`` shifts the EPLB replica-routing offset. No collective."""
+        tracer = Tracer(layer_idx=layer.layer_idx, rank=layer.mapping.rank,
+                        recorder=layer.recorder, ub=ub)
         logits = router_logits
         if plan.padded and plan.local_rows != plan.num_tokens:
             with tracer.phase("pad"):  # 4.1 step 2: only the logits before routing
@@ -99,15 +113,16 @@ class ExternalCommScheduler:
         overlap = self.use_chunk_overlap(layer, plan, strategy)
         main, aux = layer.streams.begin(overlap)
         schedule = layer.report.shared_schedule
+        rows = max(plan.padded_counts) if shared_rows is None else shared_rows
         ctx = ForwardContext(
             plan=plan, tracer=tracer, cursor=cursor, strategy=strategy,
             on_cuda=layer.device.type == "cuda", main=main, aux=aux, overlap=overlap,
             logits=logits,
-            input=ReadyInput(x, rows=plan.local_rows, event=input_ready_event),
-            hooks_begin=layer.repeat_idx == 0,
-            hooks_end=layer.repeat_idx == layer.repeat_count - 1,
-            row_offset=plan.rank_offset,
-            shared=None if schedule is None else schedule.pick(max(plan.padded_counts)))
+            input=ReadyInput(x, rows=plan.local_rows, event=input_ready_event), ub=ub,
+            hooks_begin=hooks_begin and layer.repeat_idx == 0,
+            hooks_end=hooks_end and layer.repeat_idx == layer.repeat_count - 1,
+            row_offset=row_base + plan.rank_offset,
+            shared=None if schedule is None else schedule.pick(rows))
         shared_expert.start(layer, ctx)  # AUX_STREAM: before routing
         return ctx
 

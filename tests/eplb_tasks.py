@@ -18,7 +18,7 @@ def _hot_logits(case_logits: torch.Tensor, hot: tuple[int, ...]) -> torch.Tensor
 
 def eplb_task(ctx, *, counts, steps=9, max_num_tokens=None, shared=0, comm="allgather",
               num_slots=12, interval=3, window=4, layers=2, hot=(0, 1), extra_step_rank=None,
-              repeat_count=1):
+              repeat_count=1, scheduler="auto", dbo_threshold=None):
     """Run ``layers`` EPLB layers for ``steps`` model steps with forced hot experts; compare
     every output with the EPLB-off layer and the fp64 reference."""
     cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=16, intermediate_size=8,
@@ -29,8 +29,14 @@ def eplb_task(ctx, *, counts, steps=9, max_num_tokens=None, shared=0, comm="allg
     mapping = ctx.mapping()
     cases = [make_case(cfg, sum(counts) * steps * repeat_count, 100 + layer)
              for layer in range(layers)]
+    dbo = None
+    if dbo_threshold is not None:
+        from schedulers import DBOConfig
+
+        dbo = DBOConfig(small_threshold=dbo_threshold)
     on = [ConfigurableMoE(cfg, mapping, comm=comm, layer_idx=layer, balancer=bal.layer(layer),
-                          repeat_count=repeat_count) for layer in range(layers)]
+                          repeat_count=repeat_count, scheduler=scheduler, dbo_config=dbo)
+          for layer in range(layers)]
     off = [ConfigurableMoE(cfg, mapping, comm=comm, layer_idx=layer,
                            repeat_count=repeat_count) for layer in range(layers)]
     for layer in range(layers):

@@ -87,7 +87,7 @@ class LayerSettings:
     dtype: torch.dtype
     backend: str = "auto"
     repeats: int = 20
-    host_samples: int = 50
+    host_samples: int = 200
     warmup: int = 3
     calls: int = 10
     graph: bool = True
@@ -154,46 +154,79 @@ def _median_us(samples: list[float]) -> float:
 
 
 def _host_us(fn: Callable[[int], Any], device: torch.device, samples: int) -> float:
-    """Median host time of one call issued with an idle device queue (sync before each)."""
+    """Median host time of one call issued with an idle device queue (sync before each),
+    after a few untimed calls."""
     times = []
-    for i in range(samples):
+    for i in range(samples + 5):
         if device.type == "cuda":
             torch.cuda.synchronize()  # NOTE: host sync, outside the timed call
         t0 = time.perf_counter()
         fn(i)
-        times.append(time.perf_counter() - t0)
+        if i >= 5:
+            times.append(time.perf_counter() - t0)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return _median_us(times)
 
 
-def run_layer_cell(shape: LayerShape, tokens: int, settings: LayerSettings,
-                   ceilings: Ceilings) -> LayerCell:
-    """Build the layer, check it, time it. Allocates the layer's weights on the device
-    (deepseek-v3 bf16: 22.5 GB routed + 88 MB shared); frees them before returning."""
-    from moerun.layer import ConfigurableMoE
+@dataclass(frozen=True, eq=False)
+class LayerWeights:
+    """Random global weights of one layer shape (on the bench device), loadable into any
+    number of layers: ``w13 [E, 2I, H]``, ``w2 [E, H, I]``, ``shared`` dict, ``bias [E]``."""
 
+    w13: torch.Tensor
+    w2: torch.Tensor
+    shared: dict | None
+    bias: torch.Tensor | None
+
+
+def make_weights(shape: LayerShape, settings: LayerSettings, seed: int) -> LayerWeights:
+    """Fresh random weights (``N(0, 1/fan_in)``; the bias ``0.1 N``), never zeros."""
     dev, dtype = settings.device, settings.dtype
-    gen = torch.Generator(device=dev).manual_seed(settings.seed * 7919 + tokens)
-    cfg = MoEConfig(num_experts=shape.experts, top_k=shape.top_k, hidden_size=shape.hidden,
-                    intermediate_size=shape.intermediate, routing=shape.routing, dtype=dtype,
-                    shared_intermediate_size=shape.shared, check_inputs=False)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     e, h, i, s = shape.experts, shape.hidden, shape.intermediate, shape.shared
 
-    def rnd(*size: int, scale: float = 1.0) -> torch.Tensor:
+    def rnd(*size: int, scale: float) -> torch.Tensor:
         return torch.randn(*size, generator=gen, device=dev, dtype=dtype).mul_(scale)
 
-    with torch.no_grad(), ConfigurableMoE(cfg, backend=settings.backend, device=dev,
-                                          layer_idx=0) as layer:
-        w13, w2 = rnd(e, 2 * i, h, scale=h ** -0.5), rnd(e, h, i, scale=i ** -0.5)
-        shared = ({"w13": rnd(2 * s, h, scale=h ** -0.5), "w2": rnd(h, s, scale=s ** -0.5)}
-                  if s else None)
-        bias = (torch.randn(e, generator=gen, device=dev) * 0.1
-                if shape.routing.uses_correction_bias else None)
-        layer.load_weights(w13, w2, shared, e_score_correction_bias=bias)
-        del w13, w2
+    shared = ({"w13": rnd(2 * s, h, scale=h ** -0.5), "w2": rnd(h, s, scale=s ** -0.5)}
+              if s else None)
+    bias = (torch.randn(e, generator=gen, device=dev) * 0.1
+            if shape.routing.uses_correction_bias else None)
+    return LayerWeights(w13=rnd(e, 2 * i, h, scale=h ** -0.5), w2=rnd(e, h, i, scale=i ** -0.5),
+                        shared=shared, bias=bias)
+
+
+def build_layer(shape: LayerShape, settings: LayerSettings, weights: LayerWeights,
+                **layer_kwargs: Any):
+    """A loaded single-rank ``ConfigurableMoE`` of ``shape`` (``check_inputs=False``);
+    ``layer_kwargs`` go to the constructor (e.g. ``shared_expert_order``)."""
+    from moerun.layer import ConfigurableMoE
+
+    cfg = MoEConfig(num_experts=shape.experts, top_k=shape.top_k, hidden_size=shape.hidden,
+                    intermediate_size=shape.intermediate, routing=shape.routing,
+                    dtype=settings.dtype, shared_intermediate_size=shape.shared,
+                    check_inputs=False)
+    layer = ConfigurableMoE(cfg, backend=settings.backend, device=settings.device,
+                            layer_idx=0, **layer_kwargs)
+    with torch.no_grad():
+        layer.load_weights(weights.w13, weights.w2, weights.shared,
+                           e_score_correction_bias=weights.bias)
+    return layer
+
+
+def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSettings,
+                  ceilings: Ceilings, *, host: bool = True, kernels: bool = True) -> LayerCell:
+    """Check ``layer`` on sampled rows and time it at ``tokens`` (see the module docstring).
+    ``host`` / ``kernels``: also measure the host figures / the expert kernels alone."""
+    dev, dtype = settings.device, settings.dtype
+    gen = torch.Generator(device=dev).manual_seed(settings.seed * 7919 + tokens)
+    e, h, s = shape.experts, shape.hidden, shape.shared
+    cfg = layer.config
+    with torch.no_grad():
         calls = max(1, settings.calls)
-        xs = [rnd(tokens, h) for _ in range(calls)]
+        xs = [torch.randn(tokens, h, generator=gen, device=dev, dtype=dtype)
+              for _ in range(calls)]
         logits = [torch.randn(tokens, e, generator=gen, device=dev) for _ in range(calls)]
         routed = [layer.router(lg, valid_rows=tokens) for lg in logits]
         hits = [int(torch.unique(r.topk_ids).numel()) for r in routed]  # NOTE: host sync
@@ -216,33 +249,51 @@ def run_layer_cell(shape: LayerShape, tokens: int, settings: LayerSettings,
         def forward(j: int) -> torch.Tensor:
             return layer(xs[j % calls], logits[j % calls])
 
-        def kernels(j: int) -> torch.Tensor:
+        def kernel_call(j: int) -> torch.Tensor:
             w, ids = routed[j % calls]
             return layer.backend.run_experts(xs[j % calls], layer.w13, layer.w2, w, ids)
 
-        host = _host_us(forward, dev, settings.host_samples)
-        layer.config = cfg.replace(check_inputs=True)  # bench only: the same weights, checked
-        host_checked = _host_us(forward, dev, settings.host_samples)
-        layer.config = cfg
+        host_us = host_checked = float("nan")
+        if host:
+            host_us = _host_us(forward, dev, settings.host_samples)
+            layer.config = cfg.replace(check_inputs=True)  # bench only: same weights, checked
+            host_checked = _host_us(forward, dev, settings.host_samples)
+            layer.config = cfg
         eager = _median_us(time_samples(forward, dev, settings.repeats, warmup=settings.warmup))
-        k_eager = _median_us(time_samples(kernels, dev, settings.repeats,
-                                          warmup=settings.warmup))
+        k_eager = float("nan")
+        if kernels:
+            k_eager = _median_us(time_samples(kernel_call, dev, settings.repeats,
+                                              warmup=settings.warmup))
         graph = k_graph = None
         notes = []
         if settings.graph and dev.type == "cuda":
             try:
                 graph = _median_us(time_graph_replay(forward, calls, settings.repeats,
                                                      warmup=settings.warmup))
-                k_graph = _median_us(time_graph_replay(kernels, calls, settings.repeats,
-                                                       warmup=settings.warmup))
             except GraphCaptureError as exc:
                 notes.append(f"graph capture failed: {exc}")
+            if kernels:
+                k_graph = _median_us(time_graph_replay(kernel_call, calls, settings.repeats,
+                                                       warmup=settings.warmup))
         cell = LayerCell(shape=shape.name, tokens=tokens, backend=layer.report.backend,
                          router=layer.report.router, floor_us=floor, bound=bound,
-                         host_us=host, host_checked_us=host_checked, eager_us=eager,
+                         host_us=host_us, host_checked_us=host_checked, eager_us=eager,
                          graph_us=graph, kernels_eager_us=k_eager, kernels_graph_us=k_graph,
                          err=err, note="; ".join(notes))
         del xs, logits, routed, out
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
     return cell
+
+
+def run_layer_cell(shape: LayerShape, tokens: int, settings: LayerSettings,
+                   ceilings: Ceilings) -> LayerCell:
+    """Build the layer, check it, time it. Allocates the layer's weights on the device
+    (deepseek-v3 bf16: 22.5 GB routed + 88 MB shared); frees them before returning."""
+    weights = make_weights(shape, settings, settings.seed * 7919 + tokens)
+    layer = build_layer(shape, settings, weights)
+    try:
+        return measure_layer(layer, shape, tokens, settings, ceilings)
+    finally:
+        layer.close()
+        del layer, weights
+        if settings.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,184 @@
+"""``moerun bench --shared [--write-table [PATH]]``: every shared-expert order on a
+DeepSeek-V3-like layer, and the table ``resolve`` reads.
+
+Cells (GPU default): one shared expert of 2048, E in {32 (the experts one rank holds under
+EP8), 256}, top-8, H=7168, I=2048, T in {16, 128, 1024, 4096}; variants: ``sequential``,
+``aux_stream`` (plain side stream and SM partitions of 16 and 32 SMs), ``during_combine``
+and ``fused``. Each variant is a real ``ConfigurableMoE`` built with that order, checked on
+sampled rows and timed with :func:`moerun.bench.layer.measure_layer` (ceilings measured in
+the same run). The served time is the CUDA-graph replay time up to ``--graph-max-tokens``
+(1024) and the eager time above it, as in the expert matrix; a variant whose capture fails
+is served eagerly and says so.
+
+Choice per cell: the fastest served variant, unless it beats ``sequential`` by less than
+``--min-gain`` (default 1 %), which keeps noise from picking an order. ``--write-table``
+writes the choices (with every variant's time, the command, date and device) into
+``moerun/shared_table.json`` (or PATH), replacing rows of the same key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+__all__ = ["run_shared_bench", "VARIANTS", "shared_shapes"]
+
+_GIB = 2 ** 30
+#: (order, partition SMs) timed on CUDA; on a CPU only the first of each order.
+VARIANTS = (("sequential", None), ("aux_stream", None), ("aux_stream", 16),
+            ("aux_stream", 32), ("during_combine", None), ("fused", None))
+_GPU_TOKENS = (16, 128, 1024, 4096)
+_CPU_TOKENS = (4, 16)
+
+
+def shared_shapes(cuda: bool):
+    """The layer shapes of the benchmark: DeepSeek-V3-like at E=32 and E=256 (CUDA), or the
+    tiny CPU shape."""
+    from moerun.bench.layer import LAYER_SHAPES, LayerShape
+    from moerun.config import RoutingConfig, RoutingMethod
+
+    if not cuda:
+        return [LAYER_SHAPES["tiny"]]
+    dsv3 = LAYER_SHAPES["deepseek-v3"]
+    e32 = LayerShape(name="deepseek-v3-e32", experts=32, top_k=8, hidden=7168,
+                     intermediate=2048, shared=2048,
+                     routing=RoutingConfig(method=RoutingMethod.NOAUX_TC, renormalize=True,
+                                           num_expert_group=8, topk_group=4,
+                                           routed_scaling_factor=2.5))
+    return [e32, dsv3]
+
+
+def _label(order: str, sms: int | None) -> str:
+    return order if sms is None else f"{order}@{sms}"
+
+
+def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
+    """Run ``moerun bench --shared``. Returns 0, 1 if a variant failed its correctness
+    bound, 2 on a usage error. Writes the table with ``--write-table``."""
+    from moerun.bench.ceilings import measure_ceilings, parse_ceilings
+    from moerun.bench.command import _device_text
+    from moerun.bench.layer import LayerSettings, build_layer, make_weights, measure_layer
+    from moerun.env import get_env
+    from moerun.shared_table import SHARED_TABLE_PATH, row_key
+    from moerun.testing import TOL
+
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    device_name = args.device if args.device != "auto" else (
+        "cuda" if torch.cuda.is_available() else "cpu")
+    if device_name == "cuda" and not torch.cuda.is_available():
+        print("moerun bench: --device cuda: no CUDA device is available", file=err)
+        return 2
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    try:
+        tokens = ([int(v) for v in args.tokens.split(",") if v.strip()] if args.tokens
+                  else list(_GPU_TOKENS if cuda else _CPU_TOKENS))
+        if not tokens or min(tokens) < 1:
+            raise ValueError(f"--tokens {args.tokens!r}: every count must be >= 1")
+        given = parse_ceilings(args.ceilings) if args.ceilings else None
+    except ValueError as exc:
+        print(f"moerun bench: {exc}", file=err)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ceilings = given or measure_ceilings(
+        device, read_bytes=args.ceiling_bytes or (2 * _GIB if cuda else 64 * 2 ** 20),
+        matmul_size=args.matmul_size or (8192 if cuda else 512), matmul_dtype=dtype,
+        seed=args.seed)
+    settings = LayerSettings(device=device, dtype=dtype, repeats=args.repeats,
+                             warmup=args.warmup, calls=args.calls_per_graph,
+                             graph=not args.no_graph, seed=args.seed)
+    variants = [v for v in VARIANTS if cuda or v[1] is None]
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = (f"moerun bench --shared --tokens {','.join(map(str, tokens))} --dtype "
+               f"{args.dtype} --repeats {args.repeats} --calls-per-graph {args.calls_per_graph}")
+    device_text = _device_text(device)
+    print(f"# {command}\n# {date}  {device_text}", file=out)
+    print(f"ceilings: {ceilings.describe()}", file=out)
+    rows: dict[str, dict] = {}
+    failed: list[str] = []
+    picked_ratio: list[float] = []
+    for shape in shared_shapes(cuda):
+        weights = make_weights(shape, settings, args.seed + shape.experts)
+        served: dict[int, dict[str, float]] = {t: {} for t in tokens}
+        floors: dict[int, float] = {}
+        notes: dict[tuple[int, str], str] = {}
+        for order, sms in variants:
+            label = _label(order, sms)
+            try:
+                layer = build_layer(shape, settings, weights, shared_expert_order=order,
+                                    shared_partition_sms=sms)
+            except (ValueError, RuntimeError) as exc:
+                print(f"  skip {shape.name} {label}: {exc}", file=out)
+                continue
+            try:
+                for t in tokens:
+                    cell = measure_layer(layer, shape, t, settings, ceilings, host=False,
+                                         kernels=False)
+                    use_graph = cuda and t <= args.graph_max_tokens and cell.graph_us
+                    served[t][label] = cell.graph_us if use_graph else cell.eager_us
+                    floors[t] = cell.floor_us
+                    if cell.note:
+                        notes[(t, label)] = cell.note
+                    if not cell.err < TOL[dtype]:
+                        failed.append(f"{shape.name} T={t} {label} err {cell.err:.2e}")
+            except RuntimeError as exc:  # e.g. a green context this torch cannot make
+                print(f"  skip {shape.name} {label}: {exc}", file=out)
+            finally:
+                layer.close()
+                del layer
+                if cuda:
+                    torch.cuda.empty_cache()
+        cells = []
+        for t in tokens:
+            times = served[t]
+            if "sequential" not in times:
+                continue
+            best = min(times, key=times.get)
+            if times[best] > times["sequential"] * (1 - args.min_gain):
+                best = "sequential"
+            order, _, sms = best.partition("@")
+            ratio = floors[t] / times[best]
+            picked_ratio.append(ratio)
+            cells.append({"tokens": t, "order": order,
+                          "partition_sms": int(sms) if sms else None,
+                          "us": round(times[best], 2), "floor_us": round(floors[t], 2),
+                          "variants_us": {k: round(v, 2) for k, v in times.items()}})
+            line = "  ".join(f"{k} {v:9.1f}" for k, v in times.items())
+            print(f"{shape.name:16s} T={t:<5d} floor {floors[t]:8.1f}  {line}  -> {best} "
+                  f"(floor/time {ratio:.3f}, vs sequential {times['sequential'] / times[best]:.3f}x)",
+                  file=out)
+            for (tt, label), note in notes.items():
+                if tt == t:
+                    print(f"  note {label}: {note}", file=out)
+        key = row_key(device=get_env().device_name, world_size=1, num_experts=shape.experts,
+                      top_k=shape.top_k, hidden=shape.hidden, intermediate=shape.intermediate,
+                      shared=shape.shared, dtype=args.dtype)
+        if cells:
+            rows[key] = {"cells": cells}
+        del weights
+    if picked_ratio:
+        geo = math.exp(sum(math.log(r) for r in picked_ratio) / len(picked_ratio))
+        print(f"geomean floor/time of the picked orders: {geo:.3f} over {len(picked_ratio)} "
+              "cells", file=out)
+    if args.write_table:
+        path = Path(SHARED_TABLE_PATH if args.write_table == "default" else args.write_table)
+        table = json.loads(path.read_text()) if path.exists() else {"rows": {}}
+        table["meta"] = {"command": command, "date": date, "device": device_text,
+                         "ceilings": ceilings.describe(), "min_gain": args.min_gain}
+        table.setdefault("rows", {}).update(rows)
+        os.makedirs(path.parent, exist_ok=True)
+        path.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"wrote {path}", file=out)
+    if failed:
+        print(f"FAILED correctness: {', '.join(failed)}", file=err)
+        return 1
+    return 0
