@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shared", action="store_true",
                        help="time every shared-expert order (and SM partition size) on a "
                             "DeepSeek-V3-like layer (E 32 and 256; tiny on CPU) against the "
-                            "combined floor, and pick one per T")
+                            "combined floor, and pick one per T (default: off)")
     bench.add_argument("--write-table", nargs="?", const="default", default=None,
                        metavar="PATH",
                        help="with --shared: write the picks into the table resolve reads "
