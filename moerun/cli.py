@@ -96,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="PATH",
                        help="with --shared: write the picks into the table resolve reads "
                             "(default path: moerun/shared_table.json)")
+    bench.add_argument("--dbo", action="store_true",
+                       help="time the layer with and without dual-batch overlap: one GPU "
+                            "(NoComm, what a split costs, what the split rule decides), or "
+                            "CPU gloo ranks (a structure check) (default: off)")
+    bench.add_argument("--ranks", type=int, default=None,
+                       help="with --dbo on CPU: gloo ranks to spawn (default 2)")
+    bench.add_argument("--trace", default=None, metavar="DIR",
+                       help="with --dbo on CPU: also capture a trace per rank and variant into "
+                            "DIR and report the exposed communication (default: none)")
     bench.add_argument("--min-gain", type=float, default=0.01,
                        help="with --shared: an order must beat sequential by this fraction "
                             "to be picked (default 0.01)")
@@ -312,6 +321,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.dbo:
+        from moerun.bench.dbo_command import run_dbo_bench
+
+        return run_dbo_bench(args)
     if args.shared:
         from moerun.bench.shared_command import run_shared_bench
 
