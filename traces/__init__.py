@@ -15,6 +15,7 @@ the optional ``nvtx`` package is imported on first range and matplotlib on the f
 - :func:`overlap` (:mod:`traces.overlap`) -> :class:`OverlapReport` (:mod:`traces.report`):
   busy lanes per CUDA stream / host thread with roles, hidden shared-expert time, exposed
   communication, per-phase time per layer, micro-batch and chunk.
+- :func:`timeline` (:mod:`traces.timeline`): a PNG of the lanes (matplotlib, imported lazily).
 """
 
 from traces.capture import CaptureResult, capture
@@ -29,6 +30,7 @@ from traces.recorder import (
     ScheduleRecorder,
 )
 from traces.report import ROLES, Lane, OverlapReport, PhaseKey, PhaseTable, PhaseTime, Span
+from traces.timeline import timeline
 
 __all__ = [
     "Tracer",
@@ -51,4 +53,5 @@ __all__ = [
     "PhaseTime",
     "PhaseTable",
     "ROLES",
+    "timeline",
 ]
