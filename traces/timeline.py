@@ -20,7 +20,6 @@ API and the Agg canvas: no pyplot state, no global backend switch, no display ne
 
 from __future__ import annotations
 
-import importlib
 import os
 import pathlib
 from typing import Any
@@ -55,12 +54,12 @@ _CHAR_PX = 4.6  # approximate width of one label character at _FONT on a 110 dpi
 
 
 def _matplotlib() -> tuple[Any, Any, Any]:
-    # NOTE: importlib keeps this import lazy (first call only); DESIGN 1 lists matplotlib as
-    # the optional `trace` extra, never imported by `import traces`.
+    # NOTE: imported on first call only; DESIGN 1 lists matplotlib as the optional `trace`
+    # extra, never imported by `import traces`.
     try:
-        figure = importlib.import_module("matplotlib.figure")
-        agg = importlib.import_module("matplotlib.backends.backend_agg")
-        patches = importlib.import_module("matplotlib.patches")
+        import matplotlib.backends.backend_agg as agg
+        import matplotlib.figure as figure
+        import matplotlib.patches as patches
     except ImportError as exc:
         raise ImportError("traces.timeline needs matplotlib: pip install 'moerun[trace]' "
                           "(or pip install matplotlib)") from exc
