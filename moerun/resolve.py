@@ -232,8 +232,9 @@ def _pick_shared(problem: Problem, deployment: Deployment, env: Env,
             rejected.append(Rejection(kind="shared", name=o.value, reason=elig[o].reason,
                                       detail=elig[o].detail))
         else:
-            rejected.append(Rejection(kind="shared", name=o.value,
-                                      reason=RejectReason.LOWER_PRIORITY,
+            reason = (RejectReason.LOWER_PRIORITY if requested == "auto"
+                      else RejectReason.NOT_REQUESTED)
+            rejected.append(Rejection(kind="shared", name=o.value, reason=reason,
                                       detail=schedule.why))
     return schedule
 

@@ -1,0 +1,350 @@
+"""``moerun run`` and ``moerun trace``: one layer end to end on ``--ranks`` processes.
+
+``run`` checks every rank's output against a single-process fp64 reference and prints the
+resolution report, the chunk count, the errors and the time per phase; ``run --trace DIR`` and
+``trace --out DIR`` also write, per rank, the Chrome/Perfetto trace of one forward
+(``trace-rank{r}.json``), the reports (``report-rank{r}.txt`` / ``.json``: the resolution
+report and :func:`traces.overlap`'s figures) and a PNG timeline (``timeline-rank{r}.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections import defaultdict
+from typing import Any
+
+__all__ = ["add_run_arguments", "cmd_run", "RUN_DESCRIPTION"]
+
+_DTYPES = ("float32", "float16", "bfloat16")
+_ORDERS = ("auto", "sequential", "aux_stream", "during_combine", "fused")
+
+RUN_DESCRIPTION = ("Build a small DeepSeek-like MoE layer (grouped noaux_tc routing with a "
+                   "correction bias, a shared expert), run it on --ranks processes and check "
+                   "every rank's output against a single-process fp64 reference of the same "
+                   "global batch. Prints the resolution report, the chunk count, each rank's "
+                   "relative error and the time per phase (rank 0: the CPU time of the NVTX "
+                   "ranges of one forward after a warm-up forward). Exits 1 if an error "
+                   "exceeds the DESIGN bound, 2 on a usage error (an unknown or unavailable "
+                   "--backend, --comm, --scheduler or --shared-expert-order included).")
+
+
+def _tokens(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tokens {text!r}: expected an int or a comma-"
+                                         "separated list of ints, one per rank") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"--tokens {text!r}: counts must be >= 0")
+    return values
+
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``moerun run`` (and ``moerun trace``), each with its default."""
+    parser.add_argument("--dtype", choices=_DTYPES, default="float32",
+                     help="activation/weight dtype (default float32; TF32 is turned off)")
+    parser.add_argument("--tokens", type=_tokens, default=None,
+                     help="tokens per rank: one int (every rank) or a comma list with one entry "
+                          "per rank (default: 37 on one rank; with --ranks N a demo list that "
+                          "includes a zero-token rank)")
+    parser.add_argument("--experts", type=int, default=24, help="routed experts E (default 24)")
+    parser.add_argument("--top-k", type=int, default=6, help="experts per token (default 6)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden size H (default 64)")
+    parser.add_argument("--intermediate", type=int, default=96,
+                     help="expert intermediate size I (default 96)")
+    parser.add_argument("--shared-intermediate", type=int, default=96,
+                     help="shared-expert intermediate size; 0 = no shared expert (default 96)")
+    parser.add_argument("--groups", type=int, default=4,
+                     help="expert groups for noaux_tc routing (default 4; must divide E)")
+    parser.add_argument("--topk-groups", type=int, default=2,
+                     help="groups kept per token (default 2)")
+    parser.add_argument("--max-num-tokens", type=int, default=None,
+                     help="rows per chunk (with --ranks > 1: rows one chunk gathers across "
+                          "the ranks); default: one chunk")
+    parser.add_argument("--ranks", type=int, default=1,
+                     help="processes to spawn (gloo on CPU, NCCL when that many GPUs exist; "
+                          "default 1)")
+    parser.add_argument("--comm", default="auto",
+                     help="communication strategy: auto, allgather, alltoall (default auto: "
+                          "none on one rank, allgather on several)")
+    parser.add_argument("--backend", default="auto",
+                     help="expert backend: auto, reference, triton, grouped_mm (default auto)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="device (default: cuda if available, else cpu)")
+    parser.add_argument("--seed", type=int, default=0,
+                     help="seed of the global weights and inputs (default 0)")
+    parser.add_argument("--scheduler", default="auto",
+                        help="forward scheduler: auto, external, dbo (dual-batch overlap; its "
+                             "split rule decides per forward) (default auto: external)")
+    parser.add_argument("--shared-expert-order", choices=_ORDERS, default="auto",
+                        help="where the shared expert runs: sequential, aux_stream, "
+                             "during_combine, fused (default auto: the measured table, else "
+                             "sequential on one rank, during_combine on several)")
+    parser.add_argument("--shared-partition-sms", type=int, default=None,
+                        help="with aux_stream / during_combine on CUDA: run the shared expert "
+                             "on a green context of this many SMs (default: none)")
+
+
+# -- run ------------------------------------------------------------------------------------
+def _demo_tokens(ranks: int) -> list[int]:
+    if ranks == 1:
+        return [37]
+    demo = [0, 7, 33, 12, 1, 20, 5, 9]
+    return [demo[r % len(demo)] for r in range(ranks)]
+
+
+def _config(args: argparse.Namespace):
+    import torch
+
+    from moerun.config import MoEConfig, RoutingConfig, RoutingMethod
+
+    return MoEConfig(
+        num_experts=args.experts, top_k=args.top_k, hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        routing=RoutingConfig(method=RoutingMethod.NOAUX_TC, renormalize=True,
+                              num_expert_group=args.groups, topk_group=args.topk_groups,
+                              routed_scaling_factor=2.5),
+        dtype=getattr(torch, args.dtype), shared_intermediate_size=args.shared_intermediate,
+        max_num_tokens=args.max_num_tokens)
+
+
+def _phase_times(prof: Any) -> dict[str, float]:
+    """Sum of CPU time (µs) per phase over ``moerun/L.../{phase}`` ranges of a profile."""
+    totals: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        name = ev.name
+        if not name.startswith("moerun/"):
+            continue
+        phase = name.split("/", 2)[2]
+        if phase.startswith("chunk") or phase.startswith("dbo"):
+            continue
+        totals[phase] += ev.cpu_time_total
+    return dict(totals)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 (C-level writes included) inside the block.
+
+    NOTE: the profiler's Kineto backend prints ``profiler_start`` / ``profiler_stop`` lines
+    straight to fd 2 on every start and stop; Python's ``sys.stderr`` cannot catch them.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argparse.Namespace,
+              counts: list[int], device: str) -> dict:
+    """Three forwards of the same batch: a warm-up (cold caches, first allocations), one timed
+    by the host clock, one under ``torch.profiler`` on rank 0 for the phase times. Every rank
+    runs all three (each is collective with ``--ranks > 1``)."""
+    import time
+
+    import torch
+
+    from moerun.layer import ConfigurableMoE
+    from moerun.mapping import Mapping
+    from moerun.testing import make_case, reference_output, rel_err
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = _config(args)
+    mapping = (Mapping(rank=rank, world_size=world_size, group=group, store=store)
+               if world_size > 1 else Mapping())
+    case = make_case(cfg, sum(counts), args.seed)
+    lo = sum(counts[:rank])
+    hi = lo + counts[rank]
+    dev = torch.device(device)
+    try:
+        layer = ConfigurableMoE(cfg, mapping, backend=args.backend, comm=args.comm, layer_idx=0,
+                                device=dev, scheduler=args.scheduler,
+                                shared_expert_order=args.shared_expert_order,
+                                shared_partition_sms=args.shared_partition_sms)
+    except ValueError as exc:  # an unavailable backend or comm: the same on every rank
+        return {"rank": rank, "usage_error": str(exc)}
+    with layer:
+        layer.load_weights(case.w13.to(dev), case.w2.to(dev),
+                           None if case.shared is None else
+                           {k: v.to(dev) for k, v in case.shared.items()},
+                           e_score_correction_bias=case.bias.to(dev))
+        x, logits = case.x[lo:hi].to(dev), case.logits[lo:hi].to(dev)
+        counts_arg = counts if world_size > 1 else None
+
+        def forward():
+            out = layer(x, logits, all_rank_num_tokens=counts_arg)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()  # NOTE: host sync for the wall time
+            return out
+
+        forward()  # warm-up
+        t0 = time.perf_counter()
+        out = forward()
+        wall_us = (time.perf_counter() - t0) * 1e6
+        phases = {}
+        trace_dir = getattr(args, "trace", None)
+        if trace_dir is not None:  # every rank writes its own trace, reports and timeline
+            files = _trace_bundle(forward, layer, rank, trace_dir)
+            phases = files.pop("phases")
+        elif rank == 0:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            with _quiet_stderr():
+                prof.start()
+            try:
+                forward()
+            finally:
+                with _quiet_stderr():
+                    prof.stop()
+            phases = _phase_times(prof)
+        else:
+            forward()
+        ref = reference_output(cfg, case)[lo:hi]
+        res = {"rank": rank, "tokens": counts[rank], "err": rel_err(out.cpu(), ref),
+               "report": str(layer.report), "phases": phases, "wall_us": wall_us}
+        if trace_dir is not None:
+            res["trace_files"] = files
+        return res
+
+
+def _report_json(layer: Any, rep: Any) -> dict:
+    """The resolution report and the overlap figures of one rank as plain JSON."""
+    r = layer.report
+    return {
+        "resolution": {"backend": r.backend, "communication": r.strategy, "routing": r.router,
+                       "scheduler": r.scheduler, "shared_expert_order": r.shared_expert_order,
+                       "notes": list(r.notes), "text": str(r)},
+        "overlap": {"device": rep.device, "shared_us": rep.shared_us,
+                    "hidden_shared_us": rep.hidden_shared_us,
+                    "hidden_shared_pct": rep.hidden_shared_pct, "comm_us": rep.comm_us,
+                    "exposed_comm_us": rep.exposed_comm_us, "notes": list(rep.notes),
+                    "lanes": [{"label": ln.label, "role": ln.role, "busy_us": ln.busy_us}
+                              for ln in rep.lanes],
+                    "phases": [{"layer": k.layer, "ub": k.ub, "chunk": k.chunk,
+                                "phase": k.phase, "count": t.count, "host_us": t.host_us,
+                                "device_us": t.device_us} for k, t in rep.phases.items()]}}
+
+
+def _trace_bundle(forward: Any, layer: Any, rank: int, out_dir: str) -> dict:
+    """Capture one forward and write its trace, reports and timeline into ``out_dir``."""
+    import traces
+
+    os.makedirs(out_dir, exist_ok=True)
+    with _quiet_stderr():
+        cap = traces.capture(forward, out_dir, name=f"trace-rank{rank}")
+    rep = traces.overlap(cap.path)
+    txt = os.path.join(out_dir, f"report-rank{rank}.txt")
+    with open(txt, "w") as f:
+        f.write(f"{layer.report}\n\n{rep}\n")
+    js = os.path.join(out_dir, f"report-rank{rank}.json")
+    with open(js, "w") as f:
+        json.dump(_report_json(layer, rep), f, indent=1)
+    png = os.path.join(out_dir, f"timeline-rank{rank}.png")
+    traces.timeline(rep, png, title=f"moerun rank {rank}: {layer.report.scheduler}, shared "
+                                    f"{layer.report.shared_expert_order}")
+    phases = {name: t.host_us for name, t in rep.by_phase().items()
+              if not (name.startswith("chunk") or name.startswith("dbo") or name == "ub")}
+    return {"trace": str(cap.path), "report": txt, "json": js, "png": png, "phases": phases,
+            "hidden_shared_pct": rep.hidden_shared_pct, "exposed_comm_us": rep.exposed_comm_us}
+
+
+def _num_chunks(counts: list[int], max_num_tokens: int | None) -> int:
+    """The scheduler's chunk count for these counts (``schedulers.plan``, rank-identical)."""
+    from schedulers.plan import plan_forward
+
+    return plan_forward(tuple(counts), rank=0, use_dp_padding=False,
+                        max_num_tokens=max_num_tokens).num_chunks
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """ValueError (listing the valid names) for an unknown --backend or --comm."""
+    from moerun.backends import backend_class
+    from moerun.comm import strategy_class
+
+    if args.backend != "auto":
+        backend_class(args.backend)
+    if args.comm != "auto":
+        strategy_class(args.comm)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``moerun run`` / ``moerun trace``: 0, 1 when an error exceeds its bound, 2 on a
+    usage error."""
+    import torch
+
+    from moerun.testing import TOL, TOL_MULTIRANK_BF16
+
+    if args.ranks < 1:
+        print("moerun run: --ranks must be >= 1", file=sys.stderr)
+        return 2
+    counts = args.tokens if args.tokens is not None else _demo_tokens(args.ranks)
+    if len(counts) == 1 and args.ranks > 1:
+        counts = counts * args.ranks
+    if len(counts) != args.ranks:
+        print(f"moerun run: --tokens has {len(counts)} entries but --ranks={args.ranks}",
+              file=sys.stderr)
+        return 2
+    try:
+        cfg = _config(args)
+        _check_names(args)
+    except (ValueError, TypeError) as exc:
+        print(f"moerun run: {exc}", file=sys.stderr)
+        return 2
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.ranks == 1:
+        results = [_run_rank(0, 1, None, None, args=args, counts=counts, device=device)]
+    else:
+        from moerun.launch import launch
+
+        use_nccl = device == "cuda" and torch.cuda.device_count() >= args.ranks
+        if device == "cuda" and not use_nccl:
+            device = "cpu"
+        results = launch(_run_rank, args.ranks, use_nccl=use_nccl, args=args, counts=counts,
+                         device="cuda" if use_nccl else device)
+    if "usage_error" in results[0]:
+        print(f"moerun run: {results[0]['usage_error']}", file=sys.stderr)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    bound = TOL_MULTIRANK_BF16 if (dtype == torch.bfloat16 and args.ranks > 1) else TOL[dtype]
+    print(results[0]["report"])
+    print(f"tokens per rank: {counts}  dtype: {args.dtype}  device: {device}")
+    limit = "one chunk" if cfg.max_num_tokens is None else f"max_num_tokens={cfg.max_num_tokens}"
+    print(f"chunks: {_num_chunks(counts, cfg.max_num_tokens)}  ({limit})")
+    worst = 0.0
+    for res in results:
+        prefix = f"rank {res['rank']}: " if args.ranks > 1 else ""
+        print(f"{prefix}relative error: {res['err']:.3e}  (tokens {res['tokens']}, "
+              f"bound {bound:g})")
+        worst = max(worst, res["err"])
+    print(f"forward wall time (rank 0, after one warm-up forward): "
+          f"{results[0]['wall_us']:.0f} µs")
+    print("time per phase (rank 0, a third forward under torch.profiler; CPU time of the "
+          "NVTX ranges, µs):")
+    for phase, us in sorted(results[0]["phases"].items(), key=lambda kv: -kv[1]):
+        print(f"  {phase:<24}{us:10.1f}")
+    for res in results:
+        files = res.get("trace_files")
+        if files:
+            pct = files["hidden_shared_pct"]
+            print(f"rank {res['rank']} trace: {files['trace']}  report {files['report']} "
+                  f"(+ .json)  timeline {files['png']}  hidden shared "
+                  f"{'-' if pct is None else f'{pct:.1f} %'}, exposed comm "
+                  f"{files['exposed_comm_us']:.0f} µs")
+    if worst >= bound:
+        print(f"FAILED: relative error {worst:.3e} >= {bound:g}", file=sys.stderr)
+        return 1
+    return 0
+
+
