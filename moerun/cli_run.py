@@ -17,7 +17,7 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["add_run_arguments", "cmd_run", "RUN_DESCRIPTION"]
+__all__ = ["add_run_arguments", "cmd_run", "write_trace_bundle", "RUN_DESCRIPTION"]
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _ORDERS = ("auto", "sequential", "aux_stream", "during_combine", "fused")
@@ -195,7 +195,7 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
         phases = {}
         trace_dir = getattr(args, "trace", None)
         if trace_dir is not None:  # every rank writes its own trace, reports and timeline
-            files = _trace_bundle(forward, layer, rank, trace_dir)
+            files = write_trace_bundle(forward, layer, trace_dir, tag=f"rank{rank}")
             phases = files.pop("phases")
         elif rank == 0:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -235,23 +235,27 @@ def _report_json(layer: Any, rep: Any) -> dict:
                                 "device_us": t.device_us} for k, t in rep.phases.items()]}}
 
 
-def _trace_bundle(forward: Any, layer: Any, rank: int, out_dir: str) -> dict:
-    """Capture one forward and write its trace, reports and timeline into ``out_dir``."""
+def write_trace_bundle(forward: Any, layer: Any, out_dir: str, *, tag: str,
+                       title: str | None = None) -> dict:
+    """Capture ``forward()`` (one layer forward) and write ``trace-{tag}.json``,
+    ``report-{tag}.txt`` / ``.json`` (resolution report + :func:`traces.overlap`) and
+    ``timeline-{tag}.png`` into ``out_dir``. Returns the paths, the per-phase host times
+    and the overlap figures. Host syncs: the profiler's."""
     import traces
 
     os.makedirs(out_dir, exist_ok=True)
     with _quiet_stderr():
-        cap = traces.capture(forward, out_dir, name=f"trace-rank{rank}")
+        cap = traces.capture(forward, out_dir, name=f"trace-{tag}")
     rep = traces.overlap(cap.path)
-    txt = os.path.join(out_dir, f"report-rank{rank}.txt")
+    txt = os.path.join(out_dir, f"report-{tag}.txt")
     with open(txt, "w") as f:
         f.write(f"{layer.report}\n\n{rep}\n")
-    js = os.path.join(out_dir, f"report-rank{rank}.json")
+    js = os.path.join(out_dir, f"report-{tag}.json")
     with open(js, "w") as f:
         json.dump(_report_json(layer, rep), f, indent=1)
-    png = os.path.join(out_dir, f"timeline-rank{rank}.png")
-    traces.timeline(rep, png, title=f"moerun rank {rank}: {layer.report.scheduler}, shared "
-                                    f"{layer.report.shared_expert_order}")
+    png = os.path.join(out_dir, f"timeline-{tag}.png")
+    traces.timeline(rep, png, title=title or f"moerun {tag}: {layer.report.scheduler}, shared "
+                                             f"{layer.report.shared_expert_order}")
     phases = {name: t.host_us for name, t in rep.by_phase().items()
               if not (name.startswith("chunk") or name.startswith("dbo") or name == "ub")}
     return {"trace": str(cap.path), "report": txt, "json": js, "png": png, "phases": phases,
