@@ -102,8 +102,27 @@ def profile_forward(name: str, forwards: int) -> None:
         prof.disable()
         torch.cuda.synchronize()
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(45)
         print(buf.getvalue())
+        _launch_paths()
+
+
+def _launch_paths() -> None:
+    """Which cached launches call Triton's C launcher directly (no scratch) or its wrapper."""
+    import moerun.backends.triton.align as al
+    import moerun.backends.triton.down as dn
+    import moerun.backends.triton.gate_up as gu
+    import moerun.routing.kernel as rk
+
+    for name, launcher in (("route", rk._LAUNCH), ("align.single", al._LAUNCH_SINGLE),
+                           ("align.grid", al._LAUNCH_GRID), ("gate_up", gu._LAUNCH),
+                           ("down", dn._LAUNCH)):
+        for key, (compiled, direct, _, _) in launcher._cache.items():
+            run = compiled.run
+            print(f"  launch {name}: direct={direct is not None} global_scratch="
+                  f"{getattr(run, 'global_scratch_size', '?')} profile_scratch="
+                  f"{getattr(run, 'profile_scratch_size', '?')}")
+            break
 
 
 def main() -> None:

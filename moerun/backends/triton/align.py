@@ -312,9 +312,10 @@ def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
     # step spends here (each torch.empty costs ~4 µs of host time on the H200 machine)
     blocks_pad = cdiv(max_blocks, 4) * 4
     buf = torch.empty(max_rows + blocks_pad + 4 + s_p2, dtype=torch.int32, device=dev)
-    sorted_ids, expert_ids, num_post, cursor = buf.split((max_rows, blocks_pad, 4, s_p2))
-    expert_ids = expert_ids[:max_blocks]
-    num_post = num_post[:1]
+    sorted_ids = buf.narrow(0, 0, max_rows)  # NOTE: narrow, not split (~5x the host cost)
+    expert_ids = buf.narrow(0, max_rows, max_blocks)
+    num_post = buf.narrow(0, max_rows + blocks_pad, 1)
+    cursor = buf.narrow(0, max_rows + blocks_pad + 4, s_p2)
     zero_numel = 0 if zero is None else zero.numel()
     n_zero = cdiv(zero_numel, ZERO_BLOCK)
     g = programs or align_programs(num_pairs, dev)
