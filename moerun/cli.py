@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--trace", default=None, metavar="DIR",
                        help="with --dbo on CPU: also capture a trace per rank and variant into "
                             "DIR and report the exposed communication (default: none)")
-    bench.add_argument("--min-gain", type=float, default=0.01,
+    bench.add_argument("--min-gain", type=float, default=0.03,
                        help="with --shared: an order must beat sequential by this fraction "
-                            "to be picked (default 0.01)")
+                            "to be picked (default 0.03)")
     bench.add_argument("--n", type=int, default=200_000,
                        help="ranges timed with --overhead (default 200000)")
     from moerun.bench.command import add_arguments

@@ -9,9 +9,10 @@ Split iff all of:
    where the experts are memory-bound a split can double the weight bytes. The split is
    refused when a micro-batch would give the average local expert fewer than
    ``min_rows_per_expert`` rows (uniform-routing estimate ``ceil(max T / 2) * K / S_local``).
-   The default is 128 on one rank (no communication to hide: only compute-bound splits,
-   which cost little, are taken) and 0 on several ranks (the DESIGN threshold alone, until
-   a measured multi-GPU table replaces it);
+   The default is 1024 on one rank (no communication to hide, so a split must cost little:
+   ``moerun bench --dbo`` on the H200, 2026-12-01, measured the forced split 17-18 % slower
+   at 256 rows per expert per micro-batch and 3.8 % slower at 1024) and 0 on several ranks
+   (the DESIGN threshold alone, until a measured multi-GPU table replaces it);
 4. not under CUDA-graph capture (DBO under graphs is out of scope, DESIGN 13: the forward
    runs unsplit).
 
@@ -40,7 +41,7 @@ class DBOConfig:
     small_threshold: int = 32
     large_threshold: int = 512
     small_max: int = 256
-    min_rows_per_expert_one_rank: float = 128.0
+    min_rows_per_expert_one_rank: float = 1024.0
     min_rows_per_expert_multi_rank: float = 0.0
 
     def __post_init__(self) -> None:

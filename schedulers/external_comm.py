@@ -110,10 +110,18 @@ class ExternalCommScheduler:
             with tracer.phase("pad"):  # 4.1 step 2: only the logits before routing
                 logits = router_logits.new_zeros((plan.local_rows, router_logits.shape[1]))
                 logits[: plan.num_tokens] = router_logits
-        overlap = self.use_chunk_overlap(layer, plan, strategy)
-        main, aux = layer.streams.begin(overlap)
         schedule = layer.report.shared_schedule
         rows = max(plan.padded_counts) if shared_rows is None else shared_rows
+        regime = None if schedule is None else schedule.pick(rows)
+        if regime is not None and regime.partition_sms is not None and layer.device.type == \
+                "cuda" and torch.cuda.is_current_stream_capturing():
+            # NOTE: checked before any stream is forked into the capture
+            raise ValueError(
+                f"shared_partition_sms={regime.partition_sms}: a green-context stream cannot be "
+                "captured into a CUDA graph (capturing it aborts the process on torch 2.11); "
+                "capture with shared_partition_sms=None")
+        overlap = self.use_chunk_overlap(layer, plan, strategy)
+        main, aux = layer.streams.begin(overlap)
         ctx = ForwardContext(
             plan=plan, tracer=tracer, cursor=cursor, strategy=strategy,
             on_cuda=layer.device.type == "cuda", main=main, aux=aux, overlap=overlap,
@@ -121,8 +129,7 @@ class ExternalCommScheduler:
             input=ReadyInput(x, rows=plan.local_rows, event=input_ready_event), ub=ub,
             hooks_begin=hooks_begin and layer.repeat_idx == 0,
             hooks_end=hooks_end and layer.repeat_idx == layer.repeat_count - 1,
-            row_offset=row_base + plan.rank_offset,
-            shared=None if schedule is None else schedule.pick(rows))
+            row_offset=row_base + plan.rank_offset, shared=regime)
         shared_expert.start(layer, ctx)  # AUX_STREAM: before routing
         return ctx
 

@@ -49,11 +49,6 @@ def _issue(layer: Any, ctx: Any, role: str) -> None:
         with ctx.tracer.phase("shared", stream=role):
             ctx.shared_out = layer.shared_expert(x)
         return
-    if regime.partition_sms is not None and torch.cuda.is_current_stream_capturing():
-        raise ValueError(
-            f"shared_partition_sms={regime.partition_sms}: a green-context stream cannot be "
-            "captured into a CUDA graph (capturing it aborts the process on torch 2.11); "
-            "capture with shared_partition_sms=None")
     side = layer.streams.shared(regime.partition_sms)
     main = torch.cuda.current_stream()
     side.wait_stream(main)  # the event before routing (AUX) / after the experts (DURING)

@@ -38,11 +38,13 @@ def test_split_rule_hand_cases():
     assert _decide([32, 5]).split
     assert not _decide([300, 5]).split and "threshold 512" in _decide([300, 5]).rule
     assert _decide([512, 0]).split
-    # the weight re-read guard: on one rank only compute-bound splits (>= 128 rows per
+    # the weight re-read guard: on one rank only splits that cost little (>= 1024 rows per
     # local expert per micro-batch: ceil(T/2) * K / S)
     assert not _decide([600], slots=16).split  # 300 * 2 / 16 = 37.5 rows
-    assert "re-read guard: 37.5 rows" in _decide([600], slots=16).rule
-    assert _decide([600], slots=4).split  # 150 rows
+    assert "re-read guard: 37.5 rows per local expert per micro-batch < 1024" in \
+        _decide([600], slots=16).rule
+    assert not _decide([4000], slots=4).split  # 2000 * 2 / 4 = 1000 rows
+    assert _decide([4096], slots=4).split  # 1024 rows
     assert _decide([64, 0], slots=16).split  # several ranks: the DESIGN threshold alone
     assert not _decide([64, 64], min_rows_per_expert_multi_rank=40.0).split
     assert not decide_split((600, 600), config=DBOConfig(), top_k=2, num_local_slots=4,

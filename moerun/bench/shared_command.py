@@ -11,7 +11,9 @@ the same run). The served time is the CUDA-graph replay time up to ``--graph-max
 is served eagerly and says so.
 
 Choice per cell: the fastest served variant, unless it beats ``sequential`` by less than
-``--min-gain`` (default 1 %), which keeps noise from picking an order. ``--write-table``
+``--min-gain`` (default 3 %: repeated runs of one order spread by several percent), which
+keeps noise from picking an order; where the graph time is served, a variant that cannot be
+captured (an SM partition) is not a candidate. ``--write-table``
 writes the choices (with every variant's time, the command, date and device) into
 ``moerun/shared_table.json`` (or PATH), replacing rows of the same key.
 """
@@ -123,8 +125,12 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
                 for t in tokens:
                     cell = measure_layer(layer, shape, t, settings, ceilings, host=False,
                                          kernels=False)
-                    use_graph = cuda and t <= args.graph_max_tokens and cell.graph_us
-                    served[t][label] = cell.graph_us if use_graph else cell.eager_us
+                    graph_served = cuda and t <= args.graph_max_tokens
+                    if graph_served and cell.graph_us is None:
+                        # not capturable (an SM partition): it cannot serve a graph regime
+                        notes[(t, label)] = f"not capturable, not a candidate: {cell.note}"
+                        continue
+                    served[t][label] = cell.graph_us if graph_served else cell.eager_us
                     floors[t] = cell.floor_us
                     if cell.note:
                         notes[(t, label)] = cell.note
