@@ -59,6 +59,9 @@ def primitives() -> None:
           f"{_per_call_us(lambda: _route_kernel[(1,)](*args, num_warps=4)):7.2f} us")
     print(f"moerun FastLauncher launch: "
           f"{_per_call_us(lambda: _LAUNCH((1,), *args, num_warps=4)):7.2f} us")
+    lg = torch.randn(1, 256, device="cuda")
+    print(f"NaN scan + host sync (check_inputs): "
+          f"{_per_call_us(lambda: bool(torch.isfinite(lg).all()), n=500):7.2f} us")
 
 
 def profile_forward(name: str, forwards: int) -> None:
