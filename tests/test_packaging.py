@@ -174,3 +174,96 @@ def test_fused_experts_zero_tokens():
     x, w13, w2, w, ids = _inputs(t=0)
     out = fused_experts(x, w13, w2, w, ids, backend="auto")
     assert out.shape == (0, x.shape[1]) and out.dtype == x.dtype
+
+
+# ------------------------------------------------------------------ no import cycles
+def _import_graph() -> dict[str, set[str]]:
+    """``{module: modules of ours it imports}`` from the source (module-level and function-
+    level imports alike; ``if TYPE_CHECKING:`` blocks excluded). ``from pkg import name``
+    counts as an edge to ``pkg.name`` when that is a module, else to ``pkg``."""
+    import ast
+
+    mods = {}
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = path
+
+    def resolve(name: str) -> str | None:
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            if ".".join(parts[:i]) in mods:
+                return ".".join(parts[:i])
+        return None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text())
+        typing_only = set()
+        for node in ast.walk(tree):
+            test = getattr(node, "test", None)
+            if isinstance(node, ast.If) and (getattr(test, "id", None) == "TYPE_CHECKING"
+                                             or getattr(test, "attr", None) == "TYPE_CHECKING"):
+                typing_only.update(id(sub) for sub in ast.walk(node))
+        deps = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                deps.update(r for a in node.names if (r := resolve(a.name)))
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                base = resolve(node.module)
+                for a in node.names if base else ():
+                    sub = resolve(f"{node.module}.{a.name}")
+                    deps.add(sub if sub and sub.startswith(node.module + ".") else base)
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_between_any_two_modules():
+    graph = _import_graph()
+    assert len(graph) > 60 and "eplb.migration" in graph["eplb.balancer"]
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    # the detector itself: a -> b -> c -> a, and d alone
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
