@@ -55,21 +55,25 @@ No function here launches device work or syncs the host; everything runs on the 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from traces._backends import (
+    NVTX_DOMAIN,
+    NVTX_PACKAGE_API,
+    NullBackend,
+    NvtxPackageBackend,
+    TorchCudaNvtxBackend,
+    nvtx_tool_attached,
+)
 from traces.recorder import STREAMS, ScheduleEvent, ScheduleRecorder
 
 __all__ = ["Tracer", "range_name", "nvtx_backend", "nvtx_tool_attached", "NVTX_DOMAIN"]
 
 logger = logging.getLogger(__name__)
-
-# NVTX domain of every moerun range when the ``nvtx`` package is the backend.
-NVTX_DOMAIN = "moerun"
 
 # NOTE: looked up per range. The C++ flag is the authoritative "a profiler is collecting"
 # state (set for torch.profiler, the legacy autograd profiler and on-demand Kineto alike).
@@ -84,86 +88,11 @@ if _profiler_enabled is None:  # pragma: no cover - older/newer torch without th
 _record_function = torch.autograd.profiler.record_function
 
 
-# ----------------------------------------------------------------------------------------------
-# Backends: start(name) -> handle, end(handle), mark(name). ``enabled`` False skips the calls.
-
-
-class _NullBackend:
-    """No NVTX emission (CPU without the ``nvtx`` package)."""
-
-    __slots__ = ()
-    name = "none"
-    enabled = False
-
-    def start(self, name: str) -> None:
-        return None
-
-    def end(self, handle: Any) -> None:
-        pass
-
-    def mark(self, name: str) -> None:
-        pass
-
-
-class _NvtxPackageBackend:
-    """The ``nvtx`` PyPI package: ``start_range``/``end_range``/``mark`` in domain "moerun".
-
-    With no tool attached the package's domain is a dummy and these calls return at once
-    (``start_range`` returns None, which ``end_range`` ignores).
-    """
-
-    __slots__ = ("_module",)
-    name = "nvtx"
-    enabled = True
-
-    def __init__(self, module: Any) -> None:
-        self._module = module
-
-    def start(self, name: str) -> Any:
-        return self._module.start_range(message=name, domain=NVTX_DOMAIN)
-
-    def end(self, handle: Any) -> None:
-        self._module.end_range(handle)
-
-    def mark(self, name: str) -> None:
-        self._module.mark(message=name, domain=NVTX_DOMAIN)
-
-
-class _TorchCudaNvtxBackend:
-    """``torch.cuda.nvtx.range_start``/``range_end``/``mark`` (default NVTX domain)."""
-
-    __slots__ = ()
-    name = "torch.cuda.nvtx"
-    enabled = True
-
-    def start(self, name: str) -> int:
-        return torch.cuda.nvtx.range_start(name)
-
-    def end(self, handle: int) -> None:
-        torch.cuda.nvtx.range_end(handle)
-
-    def mark(self, name: str) -> None:
-        torch.cuda.nvtx.mark(name)
-
-
-_NULL_BACKEND = _NullBackend()
-_NVTX_PACKAGE_API = ("start_range", "end_range", "mark")
+_NULL_BACKEND = NullBackend()
+_NVTX_PACKAGE_API = NVTX_PACKAGE_API
 
 _backend: Any = None  # resolved lazily by _get_backend(); reset only by the test hook
 _backend_lock = threading.Lock()
-
-
-_TOOL_VARS = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH", "NSYS_PROFILING_SESSION_ID")
-
-
-def nvtx_tool_attached() -> bool:
-    """An NVTX tool will receive ranges: ``MOERUN_NVTX`` (``1``/``0``) decides if set, else
-    one of NVTX's injection variables or Nsight Systems' session variable is set. Pure read
-    of the environment; no side effects."""
-    forced = os.environ.get("MOERUN_NVTX")
-    if forced is not None and forced.strip() != "":
-        return forced.strip() not in ("0", "false", "False", "off")
-    return any(os.environ.get(v) for v in _TOOL_VARS)
 
 
 def _select_backend() -> Any:
@@ -184,7 +113,7 @@ def _select_backend() -> Any:
     if nvtx_package is not None:
         if all(callable(getattr(nvtx_package, a, None)) for a in _NVTX_PACKAGE_API):
             logger.debug("moerun traces: NVTX ranges via the nvtx package")
-            return _NvtxPackageBackend(nvtx_package)
+            return NvtxPackageBackend(nvtx_package)
         logger.warning(
             "moerun traces: the installed nvtx package lacks %s; falling back. "
             "Upgrade with `pip install -U nvtx`.",
@@ -192,7 +121,7 @@ def _select_backend() -> Any:
         )
     if torch.cuda.is_available():
         logger.debug("moerun traces: NVTX ranges via torch.cuda.nvtx (nvtx package not installed)")
-        return _TorchCudaNvtxBackend()
+        return TorchCudaNvtxBackend()
     logger.debug("moerun traces: no NVTX backend (no nvtx package, no CUDA)")
     return _NULL_BACKEND
 
@@ -234,7 +163,7 @@ def _set_backend_for_tests(module: ModuleType | Any | None) -> None:
                 f"_set_backend_for_tests(module={module!r}): module lacks {missing}; "
                 "give it start_range(message=, domain=), end_range(handle), mark(message=, domain=)"
             )
-        _backend = _NvtxPackageBackend(module)
+        _backend = NvtxPackageBackend(module)
 
 
 def nvtx_backend() -> str:
