@@ -63,6 +63,8 @@ class ConfigurableMoE(nn.Module):
             ``"during_combine"`` or ``"fused"`` (see :class:`moerun.SharedExpertOrder`).
         shared_partition_sms: with ``aux_stream`` / ``during_combine`` on CUDA, run the shared
             MLP in a ``torch.cuda.GreenContext`` of this many SMs (None: a plain side stream).
+            Eager only (capture is refused). NOTE: on torch 2.11 a process that used a green
+            context aborts at exit (docs/DECISIONS.md); for measurements, not servers.
         scheduler: ``"auto"`` (today: ``"external"``; the report says why), ``"external"`` or
             ``"dbo"`` (dual-batch overlap: two micro-batches interleaved on this thread when
             the split rule says so). dbo_config: its :class:`schedulers.DBOConfig`.
@@ -411,6 +413,7 @@ class ConfigurableMoE(nn.Module):
             return
         self._closed = True
         self.strategy.destroy()
+        self.streams.release()
 
     @property
     def closed(self) -> bool:

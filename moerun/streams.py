@@ -23,13 +23,24 @@ class LayerStreams:
     Not thread-safe; all calls come from the forward thread.
     """
 
-    __slots__ = ("device", "_aux", "_shared", "_green")
+    __slots__ = ("device", "_aux", "_shared")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._aux: Any = None
-        self._shared: dict[int | None, Any] = {}
-        self._green: dict[int, Any] = {}  # keeps each green context alive with its stream
+        # partition size -> (green context or None, stream). NOTE: a green context must
+        # outlive its stream (torch 2.11 aborts the process when a green context goes before
+        # the stream made from it); a tuple releases its items last to first, so the stream
+        # goes first, and release() does the same explicitly.
+        self._shared: dict[int | None, tuple[Any, Any]] = {}
+
+    def release(self) -> None:
+        """Drop the side streams, each before the green context it belongs to (the layer's
+        ``close()`` calls this). No host sync beyond the driver's stream destruction."""
+        while self._shared:
+            _, (green, stream) = self._shared.popitem()
+            del stream
+            del green
 
     @property
     def is_cuda(self) -> bool:
@@ -47,9 +58,10 @@ class LayerStreams:
         of a ``torch.cuda.GreenContext`` holding ``partition_sms`` SMs (created once per size;
         kernels issued there run on those SMs only, the rest stay with the routed experts).
         Raises RuntimeError (naming the cause) when this torch cannot make one."""
-        stream = self._shared.get(partition_sms)
-        if stream is not None:
-            return stream
+        entry = self._shared.get(partition_sms)
+        if entry is not None:
+            return entry[1]
+        green = None
         if partition_sms is None:
             stream = torch.cuda.Stream(device=self.device)
         else:
@@ -68,8 +80,7 @@ class LayerStreams:
                     stream = torch.cuda.Stream(device=self.device)
                 finally:
                     green.pop_context()
-            self._green[partition_sms] = green
-        self._shared[partition_sms] = stream
+        self._shared[partition_sms] = (green, stream)
         return stream
 
     def begin(self, overlap: bool) -> tuple[Any, Any]:
