@@ -396,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replans", type=int, default=None,
                    help="drift draws also re-planned for migration (default: all --draws)")
     p.add_argument("--load-file", type=Path, default=None,
-                   help="for --load file: .pt or .json tensor [steps, L, E] or [L, E]")
+                   help="for --load file: .pt or .json tensor [steps, L, E] or [L, E] "
+                        "(default: none)")
     p.add_argument("--tokens", type=int, default=100000,
                    help="tokens per synthetic load (default 100000)")
     p.add_argument("--seed", type=int, default=0, help="seed of every generator (default 0)")

@@ -463,3 +463,26 @@ def test_checkpoint_ep2(ckpt_root, pools):
     # each rank copies only its 4 experts of each of the 2 layers: 3 keys per expert
     assert [(r["local_experts"], r["copied"]) for r in res] == [(8, 24), (8, 24)]
     assert all(r["err"] < FP32_TOL for r in res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_to_cuda_after_patching_rebuilds_the_layers_on_the_device(family):
+    # .to(device) rebuilds every moerun layer from its own weights on the new device
+    _family(family)
+    ids = prompt(7, seed=1, batch=2)
+    with torch.no_grad():
+        ref = {"ids": ids, "logits": tiny_model(family)(ids).logits}  # unpatched, fp32, CPU
+    model = tiny_model(family)
+    moerun.patch_model(model)
+    before = [b.moe for b in _blocks(model)]
+    model.to("cuda")
+    after = [b.moe for b in _blocks(model)]
+    assert all(a is not b for a, b in zip(after, before)) and all(b.closed for b in before)
+    assert all(layer.device.type == "cuda" and layer.w13.is_cuda for layer in after)
+    with torch.no_grad():
+        logits = model(ref["ids"].cuda()).logits
+    assert rel(logits.cpu(), ref["logits"]) < 1e-4  # fp32 on the GPU: TF32 off, other order
+    model.to("cpu")
+    with torch.no_grad():
+        assert rel(model(ref["ids"]).logits, ref["logits"]) < FP32_TOL
