@@ -291,8 +291,9 @@ def test_forward_before_load_weights():
     cfg = _cfg()
     case = make_case(cfg, 3, seed=2)
     with ConfigurableMoE(cfg, device="cpu") as layer:
-        with pytest.raises(LayerClosedError, match=r"weights are not loaded: call "
-                                                   r"load_weights\(w13, w2\) first"):
+        with pytest.raises(LayerClosedError, match=r"layer None: weights are not loaded on "
+                                                   r"rank\(s\) \[0\]: call load_weights\(w13, "
+                                                   r"w2\) \(or load_expert_weights\)"):
             layer(case.x, case.logits)
 
 
@@ -300,9 +301,11 @@ def test_forward_after_close(layer_and_case):
     layer, case = layer_and_case
     layer.close()
     assert layer.closed
-    with pytest.raises(LayerClosedError, match="this ConfigurableMoE was closed; build a new "
-                                               "layer"):
+    with pytest.raises(LayerClosedError, match=r"layer None is closed on rank\(s\) \[0\] \(this "
+                                               r"rank\): this ConfigurableMoE was closed; build "
+                                               r"a new layer") as info:
         layer(case.x, case.logits)
+    assert info.value.ranks == [0]
     assert issubclass(LayerClosedError, MoERunError)
 
 
@@ -340,7 +343,8 @@ def test_context_manager_closes_on_exception():
 def test_poisoned_layer_refuses_forward(layer_and_case):
     layer, case = layer_and_case
     layer.communicator.poisoned = True
-    with pytest.raises(LayerClosedError, match="poisoned by an earlier CommTimeoutError"):
+    with pytest.raises(LayerClosedError, match=r"layer None is poisoned on rank\(s\) \[0\] "
+                                               r"\(this rank\) by an earlier CommTimeoutError"):
         layer(case.x, case.logits)
     layer.close()  # no collective, never hangs
 
