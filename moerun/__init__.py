@@ -25,6 +25,7 @@ _EXPORTS = {
     "CommTimeoutError": "moerun.errors",
     "LayerClosedError": "moerun.errors",
     "EPLBStepMismatch": "moerun.errors",
+    "LayerStepMismatch": "moerun.errors",
     "get_env": "moerun.env",
     "from_hf": "moerun.hf",
     "router_weight": "moerun.hf",

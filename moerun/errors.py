@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["MoERunError", "CommTimeoutError", "LayerClosedError", "EPLBStepMismatch"]
+__all__ = ["MoERunError", "CommTimeoutError", "LayerClosedError", "LayerStepMismatch",
+           "EPLBStepMismatch"]
 
 
 class MoERunError(RuntimeError):
@@ -51,7 +52,32 @@ class CommTimeoutError(MoERunError):
 
 
 class LayerClosedError(MoERunError):
-    """``forward`` on a layer that was closed or poisoned by a communication failure."""
+    """``forward`` on a layer that cannot run: closed, poisoned by a communication failure, or
+    without loaded weights, on this rank or (agreed, issue 14) on a peer.
+
+    Attributes:
+        ranks: the ranks whose layer is closed / poisoned / not loaded (None when unknown).
+    """
+
+    def __init__(self, message: str, *, ranks: list[int] | None = None) -> None:
+        self.ranks = ranks
+        super().__init__(message)
+
+
+class LayerStepMismatch(MoERunError):
+    """Ranks disagree on a layer's forward counter (agreed validation, issue 14): some rank
+    skipped or repeated a forward of this layer, so budgets, store keys and EPLB due steps
+    would differ across ranks.
+
+    Attributes:
+        ranks: the ranks whose counter differs from the most common one.
+        steps: every rank's counter, by rank.
+    """
+
+    def __init__(self, message: str, *, ranks: list[int], steps: list[int]) -> None:
+        self.ranks = ranks
+        self.steps = steps
+        super().__init__(message)
 
 
 class EPLBStepMismatch(MoERunError):

@@ -32,6 +32,12 @@ def _check(x, w13, w2, topk_weights, topk_ids) -> None:
     if w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"w13.dtype={w13.dtype} and w2.dtype={w2.dtype} must equal "
                          f"x.dtype={x.dtype}")
+    for name, w in (("w13", w13), ("w2", w2)):
+        if not w.is_contiguous():  # issue 14: a transposed view used to hit a bare assert
+            raise ValueError(f"{name} must be contiguous, got strides {tuple(w.stride())} for "
+                             f"shape {tuple(w.shape)} (a transposed or sliced view): pass "
+                             f"{name}.contiguous() and reuse it (fused_experts never copies "
+                             "weights per call; ConfigurableMoE.load_weights takes any layout)")
     if topk_ids.dim() != 2 or topk_ids.shape[0] != t:
         raise ValueError(f"topk_ids must be [T={t}, K], got shape {tuple(topk_ids.shape)}")
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
@@ -61,6 +67,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 
     Args:
         x: ``[T, H]``. w13: ``[E, 2*I, H]`` (gate rows then up rows). w2: ``[E, H, I]``.
+            Both contiguous (a view is a ValueError naming it, not a silent copy per call).
         topk_weights: ``[T, K]`` (float, used as fp32). topk_ids: ``[T, K]`` int32/int64 in
             ``[0, E)`` or ``-1`` (skipped).
         backend: ``"auto"``, ``"reference"``, ``"triton"``, ``"grouped_mm"`` or a Backend.

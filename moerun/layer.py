@@ -27,6 +27,7 @@ from moerun.routing import Router
 from moerun.shared_expert import SharedExpert
 from moerun.streams import LayerStreams
 from schedulers import DBOConfig, DualBatchOverlapScheduler, ExternalCommScheduler
+from schedulers.validation import layer_digest, not_loaded_message
 from traces import Tracer
 
 __all__ = ["ConfigurableMoE"]
@@ -166,6 +167,13 @@ class ConfigurableMoE(nn.Module):
                               if config.has_shared_expert else None)
         self._loaded = False
         self._closed = False
+        # Compared across ranks by the agreed validation (issue 14): everything fixed at build
+        # that decides which collectives a forward issues.
+        self.agreement_digest = layer_digest(
+            config, self.report.strategy, self.report.scheduler,
+            getattr(self.scheduler, "config", None), type(self.balancer).__name__,
+            bool(self.balancer.enabled), num_slots, repeat_count, mapping.world_size,
+            self.communicator.generation)
         bind = getattr(self.balancer, "bind", None)
         if bind is not None:  # a real balancer migrates this layer's weights in place
             bind(self)
@@ -227,16 +235,31 @@ class ConfigurableMoE(nn.Module):
         """Which of the ``repeat_count`` forwards of this model step runs next."""
         return self._counters.repeat_idx
 
-    def check_usable(self) -> None:
-        """Raise :class:`LayerClosedError` if closed, poisoned or weights not loaded."""
+    @property
+    def loaded(self) -> bool:
+        """Weights are filled (:meth:`load_weights` or :meth:`load_expert_weights` completed)."""
+        return self._loaded
+
+    def check_usable(self, *, agreed: bool = False) -> None:
+        """Refuse a forward this layer cannot run; local, no collective.
+
+        Closed or poisoned: :class:`LayerClosedError` here, always (a closed layer never
+        issues a collective; its marker in the Mapping's store, if any, lets peers waiting in
+        this forward raise the same error at once). Weights not loaded: here unless
+        ``agreed``, i.e. unless the agreed validation payload carries it to every rank."""
         if self._closed:
-            raise LayerClosedError("this ConfigurableMoE was closed; build a new layer")
+            rank = self.mapping.rank
+            raise LayerClosedError(f"layer {self.layer_idx} is closed on rank(s) [{rank}] "
+                                   "(this rank): this ConfigurableMoE was closed; build a new "
+                                   "layer", ranks=[rank])
         if self.communicator.poisoned:
-            raise LayerClosedError("this ConfigurableMoE is poisoned by an earlier "
-                                   "CommTimeoutError; close it and build a new layer on a new "
-                                   "process group")
-        if not self._loaded:
-            raise LayerClosedError("weights are not loaded: call load_weights(w13, w2) first")
+            rank = self.mapping.rank
+            raise LayerClosedError(f"layer {self.layer_idx} is poisoned on rank(s) [{rank}] "
+                                   "(this rank) by an earlier CommTimeoutError: close it and "
+                                   "build a new layer on a new process group", ranks=[rank])
+        if not self._loaded and not agreed:
+            rank = self.mapping.rank
+            raise LayerClosedError(not_loaded_message(self.layer_idx, [rank]), ranks=[rank])
 
     def replace_strategy(self, strategy_cls: type[CommStrategy], note: str) -> CommStrategy:
         """The one mutator schedulers may call: replace an infeasible strategy permanently.
@@ -408,12 +431,16 @@ class ConfigurableMoE(nn.Module):
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
         """Release the strategy. Idempotent; issues no collective (so never hangs, poisoned or
-        not): the caller owns the process group and destroys it."""
+        not): the caller owns the process group and destroys it. With a store in the Mapping
+        it posts this rank's ``closed`` marker (two store round trips, errors ignored), so a
+        peer still waiting in a forward of this layer raises ``LayerClosedError`` naming this
+        rank instead of timing out (issue 14)."""
         if self._closed:
             return
         self._closed = True
         self.strategy.destroy()
         self.streams.release()
+        self.communicator.announce_closed(self.step)
 
     @property
     def closed(self) -> bool:

@@ -6,6 +6,8 @@ it; with ``S % ep_size != 0`` the first ``S % ep_size`` ranks hold one slot more
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,13 +70,20 @@ class Mapping:
                 f"Mapping.group is None with world_size={self.world_size}: pass the "
                 "torch.distributed process group moerun should communicate over"
             )
-        if not (self.timeout_s > 0 and self.warmup_timeout_s > 0):
-            raise ValueError(
-                f"Mapping.timeout_s={self.timeout_s} and warmup_timeout_s="
-                f"{self.warmup_timeout_s} must be > 0"
-            )
-        if self.warmup_forwards < 0:
-            raise ValueError(f"Mapping.warmup_forwards={self.warmup_forwards} must be >= 0")
+        for name in ("timeout_s", "warmup_timeout_s"):
+            value = getattr(self, name)
+            # NOTE: inf/NaN/negative used to pass, and the first forward then failed inside
+            # the wait (issue 14); a budget must be a finite number of seconds.
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ValueError(
+                    f"Mapping.{name}={value!r} must be a finite number of seconds > 0 (the "
+                    "budget of one collective); pass e.g. 30.0"
+                )
+        if isinstance(self.warmup_forwards, bool) or not isinstance(self.warmup_forwards, int) \
+                or self.warmup_forwards < 0:
+            raise ValueError(f"Mapping.warmup_forwards={self.warmup_forwards!r} must be an int "
+                             ">= 0")
 
     @classmethod
     def from_group(cls, group: Any, *, store: Any = None, **kwargs: Any) -> "Mapping":

@@ -79,7 +79,9 @@ def reference_output(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref||_2 / ||ref||_2`` in fp64; 0.0 for matching empty shapes."""
-    assert tuple(out.shape) == tuple(ref.shape), (tuple(out.shape), tuple(ref.shape))
+    if tuple(out.shape) != tuple(ref.shape):
+        raise ValueError(f"rel_err: out has shape {tuple(out.shape)} but ref has "
+                         f"{tuple(ref.shape)}; compare tensors of one shape")
     if ref.numel() == 0:
         return 0.0
     return float((out.double() - ref.double()).norm() / ref.double().norm())

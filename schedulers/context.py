@@ -47,7 +47,11 @@ class LayerView(Protocol):
     counters ``step`` (forwards so far), ``repeat_idx``/``repeat_count``; ``recorder``
     (optional schedule recorder); ``chunk_overlap`` (allowed to use the aux stream).
 
-    Methods: ``check_usable()`` raises if closed, poisoned or not loaded;
+    Agreement (issue 14): ``loaded`` (weights filled), ``agreement_digest`` (the build
+    digest every rank compares in the agreed validation payload).
+
+    Methods: ``check_usable(agreed=...)`` raises if closed or poisoned, and if not loaded
+    unless the agreed validation will report it on every rank;
     ``replace_strategy(cls, note)`` is the one mutator (permanent fallback).
     """
 
@@ -69,8 +73,10 @@ class LayerView(Protocol):
     repeat_count: int
     recorder: Any
     chunk_overlap: bool
+    loaded: bool
+    agreement_digest: int
 
-    def check_usable(self) -> None: ...
+    def check_usable(self, *, agreed: bool = False) -> None: ...
     def replace_strategy(self, strategy_cls: type, note: str) -> Any: ...
 
 

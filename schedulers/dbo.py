@@ -68,9 +68,9 @@ class DualBatchOverlapScheduler:
         take part); host syncs for validation and count gathering.
         """
         ext = self._external
-        layer.check_usable()
         cursor = CollectiveCursor(step=layer.step)
-        counts = ext.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor)
+        counts = ext.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
+                                  use_dp_padding=use_dp_padding)
         rank, chunk_rows = layer.mapping.rank, layer.config.max_num_tokens
         decision = self.decide(layer, counts)
         if not decision.split:

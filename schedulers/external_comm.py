@@ -37,7 +37,7 @@ from moerun.comm import AllGatherReduceScatter, CollectiveCursor
 from schedulers import shared as shared_expert
 from schedulers.context import ForwardContext, LayerView, ReadyInput
 from schedulers.plan import ForwardPlan, plan_forward
-from schedulers.validation import agree_counts, check_local_inputs
+from schedulers.validation import LayerState, RankState, agree_counts, check_local_inputs
 from traces import Tracer
 
 __all__ = ["ExternalCommScheduler", "DISPATCH_ISSUED", "COMBINE_ISSUED", "SHARED_ISSUED",
@@ -83,9 +83,9 @@ class ExternalCommScheduler:
         """Steps 1-4 and the forward's context: usability, counts and agreed validation,
         the plan (zero-token fix, chunks), the communication method, logits padding, the
         streams. Collectives: the validation/count gather when needed. Host sync: then."""
-        layer.check_usable()
         cursor = CollectiveCursor(step=layer.step)
-        counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor)
+        counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
+                                   use_dp_padding=use_dp_padding)
         plan = plan_forward(counts, rank=layer.mapping.rank, use_dp_padding=use_dp_padding,
                             max_num_tokens=layer.config.max_num_tokens)
         strategy = self.determine_communication_method(layer, plan)
@@ -264,25 +264,36 @@ class ExternalCommScheduler:
 
     @staticmethod
     def agree_counts(layer: LayerView, x: Any, router_logits: Any,
-                     all_rank_num_tokens: Sequence[int] | None,
-                     cursor: CollectiveCursor) -> tuple[int, ...]:
-        """4.1 step 1 + DESIGN 9: validate (agreed across ranks) and return the counts.
+                     all_rank_num_tokens: Sequence[int] | None, cursor: CollectiveCursor, *,
+                     use_dp_padding: bool = False) -> tuple[int, ...]:
+        """4.1 step 1 + DESIGN 9: refuse an unusable layer, validate (agreed across ranks) and
+        return the counts.
 
+        A closed or poisoned layer raises here on its own rank before any collective (peers
+        learn it from the store, see ``moerun.comm.communicator``). With more than one rank
+        and ``check_inputs``, the layer's state (weights loaded, forward counter, build
+        digest) rides in the agreed payload, so every rank raises the same error for it.
         Under CUDA-graph capture the checks that need a device->host sync (the NaN/Inf scan)
         and the agreement gather are skipped; shape, dtype and device checks still run."""
         cfg, mapping = layer.config, layer.mapping
         capturing = layer.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        agreed = cfg.check_inputs and not capturing and mapping.world_size > 1
+        layer.check_usable(agreed=agreed)
         check = check_local_inputs(
             x, router_logits, hidden_size=cfg.hidden_size, num_experts=cfg.num_experts,
             dtype=cfg.dtype, device=layer.device, rank=mapping.rank,
             world_size=mapping.world_size, all_rank_num_tokens=all_rank_num_tokens,
             check_values=cfg.check_inputs and not capturing)
         num_tokens = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
+        state = RankState(state=LayerState.READY if layer.loaded else LayerState.NOT_LOADED,
+                          step=layer.step, layer_digest=layer.agreement_digest,
+                          layer_idx=layer.layer_idx) if agreed else None
         return agree_counts(check, num_tokens=num_tokens,
                             all_rank_num_tokens=all_rank_num_tokens,
                             comm=layer.communicator, cursor=cursor,
                             world_size=mapping.world_size,
-                            check_inputs=cfg.check_inputs and not capturing)
+                            check_inputs=cfg.check_inputs and not capturing,
+                            use_dp_padding=bool(use_dp_padding), state=state)
 
     @staticmethod
     def determine_communication_method(layer: LayerView, plan: ForwardPlan) -> Any:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import multiprocessing as mp
-import os
 import queue
 import time
 import traceback

@@ -121,8 +121,21 @@ def test_routing_config_unknown_method():
     (dict(world_size=0), r"Mapping\.world_size=0 must be >= 1"),
     (dict(rank=2, world_size=2, group=object()), r"Mapping\.rank=2 must be in \[0, world_size=2\)"),
     (dict(world_size=2), r"Mapping\.group is None with world_size=2"),
-    (dict(timeout_s=0), r"Mapping\.timeout_s=0 and warmup_timeout_s=120\.0 must be > 0"),
-    (dict(warmup_forwards=-1), r"Mapping\.warmup_forwards=-1 must be >= 0"),
+    (dict(timeout_s=0), r"Mapping\.timeout_s=0 must be a finite number of seconds > 0 \(the "
+                        r"budget of one collective\); pass e\.g\. 30\.0"),
+    # issue 14 item 5: inf used to pass and fail the first forward with a misleading
+    # CommTimeoutError (an internal OverflowError); NaN and negatives were not checked
+    (dict(timeout_s=float("inf")), r"Mapping\.timeout_s=inf must be a finite number"),
+    (dict(timeout_s=float("nan")), r"Mapping\.timeout_s=nan must be a finite number"),
+    (dict(timeout_s=-1.0), r"Mapping\.timeout_s=-1\.0 must be a finite number"),
+    (dict(timeout_s=True), r"Mapping\.timeout_s=True must be a finite number"),
+    (dict(timeout_s="30"), r"Mapping\.timeout_s='30' must be a finite number"),
+    (dict(warmup_timeout_s=float("inf")), r"Mapping\.warmup_timeout_s=inf must be a finite "),
+    (dict(warmup_timeout_s=float("-inf")), r"Mapping\.warmup_timeout_s=-inf must be a finite"),
+    (dict(warmup_timeout_s=float("nan")), r"Mapping\.warmup_timeout_s=nan must be a finite"),
+    (dict(warmup_timeout_s=0.0), r"Mapping\.warmup_timeout_s=0\.0 must be a finite number"),
+    (dict(warmup_forwards=-1), r"Mapping\.warmup_forwards=-1 must be an int >= 0"),
+    (dict(warmup_forwards=1.5), r"Mapping\.warmup_forwards=1\.5 must be an int >= 0"),
 ])
 def test_mapping_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -291,8 +304,9 @@ def test_forward_before_load_weights():
     cfg = _cfg()
     case = make_case(cfg, 3, seed=2)
     with ConfigurableMoE(cfg, device="cpu") as layer:
-        with pytest.raises(LayerClosedError, match=r"weights are not loaded: call "
-                                                   r"load_weights\(w13, w2\) first"):
+        with pytest.raises(LayerClosedError, match=r"layer None: weights are not loaded on "
+                                                   r"rank\(s\) \[0\]: call load_weights\(w13, "
+                                                   r"w2\) \(or load_expert_weights\)"):
             layer(case.x, case.logits)
 
 
@@ -300,9 +314,11 @@ def test_forward_after_close(layer_and_case):
     layer, case = layer_and_case
     layer.close()
     assert layer.closed
-    with pytest.raises(LayerClosedError, match="this ConfigurableMoE was closed; build a new "
-                                               "layer"):
+    with pytest.raises(LayerClosedError, match=r"layer None is closed on rank\(s\) \[0\] \(this "
+                                               r"rank\): this ConfigurableMoE was closed; build "
+                                               r"a new layer") as info:
         layer(case.x, case.logits)
+    assert info.value.ranks == [0]
     assert issubclass(LayerClosedError, MoERunError)
 
 
@@ -340,7 +356,8 @@ def test_context_manager_closes_on_exception():
 def test_poisoned_layer_refuses_forward(layer_and_case):
     layer, case = layer_and_case
     layer.communicator.poisoned = True
-    with pytest.raises(LayerClosedError, match="poisoned by an earlier CommTimeoutError"):
+    with pytest.raises(LayerClosedError, match=r"layer None is poisoned on rank\(s\) \[0\] "
+                                               r"\(this rank\) by an earlier CommTimeoutError"):
         layer(case.x, case.logits)
     layer.close()  # no collective, never hangs
 
@@ -543,3 +560,146 @@ def test_failed_load_weights_leaves_previous_weights():
         with pytest.raises(ValueError, match=r"shared\['w2'\] has shape"):
             layer.load_weights(new.w13, new.w2, bad_shared)
         torch.testing.assert_close(layer(old.x, old.logits), before, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ misuse refused (issue 14)
+
+
+def test_balancer_handle_bound_to_a_second_layer_is_refused():
+    # issue 14 item 4: one handle given to two layers used to be accepted, and after the first
+    # migration both layers' outputs were silently wrong (relative error up to 1.7)
+    from eplb import EPLBConfig, LoadBalancer
+
+    bal = LoadBalancer(EPLBConfig(num_layers=2, num_experts=E, num_slots=E, num_ranks=1,
+                                  rebalance_interval=2))
+    handle = bal.layer(0)
+    with ConfigurableMoE(_cfg(), device="cpu", balancer=handle, layer_idx=0):
+        with pytest.raises(ValueError, match=r"balancer\.layer\(0\) is already bound to another "
+                                             r"ConfigurableMoE; give each layer its own handle"):
+            ConfigurableMoE(_cfg(), device="cpu", balancer=handle, layer_idx=1)
+        with ConfigurableMoE(_cfg(), device="cpu", balancer=bal.layer(1), layer_idx=1):
+            pass  # its own handle is fine
+
+
+@pytest.mark.parametrize("counts,match", [
+    ([5.0], r"all_rank_num_tokens=\[5\.0\] must be a sequence of ints"),
+    ([torch.tensor(5.0)], r"all_rank_num_tokens=\[tensor\(5\.\)\] must be a sequence of ints"),
+    ("5", r"all_rank_num_tokens='5' must be a sequence of ints"),
+])
+def test_forward_all_rank_num_tokens_must_be_ints(layer_and_case, counts, match):
+    layer, case = layer_and_case
+    with pytest.raises(ValueError, match=match):
+        layer(case.x, case.logits, all_rank_num_tokens=counts)
+    out = layer(case.x, case.logits, all_rank_num_tokens=[torch.tensor(5)])  # an int tensor
+    assert out.shape == case.x.shape
+
+
+def _views(w13, w2):
+    """Non-contiguous views holding the same values: a transposed copy seen back through a
+    transpose (last dim not contiguous), and a slice of a wider tensor (row stride H + 3)."""
+    w13_t = w13.transpose(1, 2).contiguous().transpose(1, 2)
+    w2_t = w2.transpose(1, 2).contiguous().transpose(1, 2)
+    wide = torch.zeros(*w13.shape[:2], w13.shape[2] + 3)
+    wide[..., : w13.shape[2]] = w13
+    return {"w13 transposed": (w13_t, w2), "w2 transposed": (w13, w2_t),
+            "w13 sliced": (wide[..., : w13.shape[2]], w2)}
+
+
+@pytest.mark.parametrize("view", ["w13 transposed", "w2 transposed", "w13 sliced"])
+@pytest.mark.parametrize("backend", ["auto", "reference", "grouped_mm"])
+def test_fused_experts_non_contiguous_weights_named(fused_inputs, view, backend):
+    # issue 14 item 6: the default CPU backend raised a bare AssertionError (computed under -O)
+    w13, w2 = _views(fused_inputs["w13"], fused_inputs["w2"])[view]
+    name = view.split()[0]
+    assert not (w13.is_contiguous() and w2.is_contiguous())
+    with pytest.raises(ValueError, match=rf"{name} must be contiguous, got strides \(.*\) for "
+                                         rf"shape .* \(a transposed or sliced view\): pass "
+                                         rf"{name}\.contiguous\(\)"):
+        fused_experts(**_with(fused_inputs, w13=w13, w2=w2), backend=backend)
+
+
+@pytest.mark.parametrize("view", ["w13 transposed", "w2 transposed", "w13 sliced"])
+def test_grouped_mm_unchecked_non_contiguous_weights_named(view):
+    # check_inputs=False skips fused_experts' own checks; the backend still names the tensor.
+    # I = H = 8 fp32: 32-byte rows, a shape grouped_mm takes when contiguous.
+    g = torch.Generator().manual_seed(8)
+    inputs = dict(x=torch.randn(T_F, 8, generator=g), w13=torch.randn(E, 16, 8, generator=g),
+                  w2=torch.randn(E, 8, 8, generator=g), topk_weights=torch.rand(T_F, K),
+                  topk_ids=torch.randint(0, E, (T_F, K), generator=g, dtype=torch.int32))
+    fused_experts(**inputs, backend="grouped_mm", check_inputs=False)  # contiguous: runs
+    w13, w2 = _views(inputs["w13"], inputs["w2"])[view]
+    fused_inputs = inputs
+    name = view.split()[0]
+    with pytest.raises(ValueError, match=rf"{name} has strides \(.*\) for shape .*: "
+                                         r"GroupedMMExperts needs a contiguous last dimension "
+                                         r"and every other stride a multiple of 16 bytes"):
+        fused_experts(**_with(fused_inputs, w13=w13, w2=w2), backend="grouped_mm",
+                      check_inputs=False)
+
+
+def test_grouped_mm_non_contiguous_weights_refused_under_python_O(fused_inputs, tmp_path):
+    # Under ``python -O`` the old assert vanished and the call computed; the ValueError stays.
+    import subprocess
+    import sys
+
+    script = tmp_path / "o.py"
+    script.write_text(
+        "import torch\n"
+        "from moerun import fused_experts\n"
+        "assert False  # stripped by -O\n"
+        "x = torch.randn(5, 8); w13 = torch.randn(4, 8, 16).transpose(1, 2)\n"
+        "w2 = torch.randn(4, 8, 8); w = torch.rand(5, 2)\n"
+        "ids = torch.randint(0, 4, (5, 2), dtype=torch.int32)\n"
+        "try:\n"
+        "    fused_experts(x, w13, w2, w, ids, backend='grouped_mm', check_inputs=False)\n"
+        "except ValueError as e:\n"
+        "    print('ValueError:', e)\n")
+    out = subprocess.run([sys.executable, "-O", str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ValueError: w13 has strides (128, 1, 16) for shape (4, 16, 8)" in out.stdout
+
+
+@pytest.mark.parametrize("view", ["w13 transposed", "w2 transposed", "w13 sliced"])
+def test_load_weights_takes_any_layout_once(view):
+    # A layer copies weights into its own contiguous slots at load, so views are accepted and
+    # give exactly the contiguous result.
+    cfg = _cfg()
+    case = make_case(cfg, 6, seed=12)
+    w13, w2 = _views(case.w13, case.w2)[view]
+    with ConfigurableMoE(cfg, device="cpu") as ref_layer, \
+            ConfigurableMoE(cfg, device="cpu") as layer:
+        ref_layer.load_weights(case.w13, case.w2)
+        layer.load_weights(w13, w2)
+        assert layer.w13.is_contiguous() and layer.w2.is_contiguous()
+        torch.testing.assert_close(layer(case.x, case.logits),
+                                   ref_layer(case.x, case.logits), rtol=0, atol=0)
+        items = [(e, "gate_up_proj", w13[e]) for e in range(E)] + \
+            [(e, "down_proj", w2[e]) for e in range(E)]
+        layer.load_expert_weights(items)
+        torch.testing.assert_close(layer(case.x, case.logits),
+                                   ref_layer(case.x, case.logits), rtol=0, atol=0)
+
+
+def test_allgather_dispatch_rows_must_match_the_plan():
+    from moerun.comm import AllGatherReduceScatter, ChunkCounts, CollectiveCursor, Communicator
+    from moerun.comm.base import PreparedDispatch
+
+    strategy = AllGatherReduceScatter(Communicator(Mapping(), layer_idx=0), slot_partition(4, 1))
+    prepared = PreparedDispatch(chunk=ChunkCounts(counts=(3,), rank=0),
+                                cursor=CollectiveCursor(step=0))
+    with pytest.raises(ValueError, match=r"AllGatherReduceScatter\.dispatch: x has 2 rows but "
+                                         r"the chunk plan gives this rank 3 \(counts \(3,\)\)"):
+        strategy.dispatch(torch.zeros(2, H), torch.zeros(2, K, dtype=torch.int32),
+                          torch.zeros(2, K), prepared=prepared)
+
+
+def test_rel_err_refuses_mismatched_shapes_and_exports_step_mismatch():
+    import moerun
+    from moerun.errors import LayerStepMismatch
+    from moerun.testing import rel_err
+
+    with pytest.raises(ValueError, match=r"rel_err: out has shape \(2, 3\) but ref has \(3, 2\)"):
+        rel_err(torch.ones(2, 3), torch.ones(3, 2))
+    assert rel_err(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 2.0])) == pytest.approx(0.2 ** 0.5)
+    assert moerun.LayerStepMismatch is LayerStepMismatch

@@ -77,6 +77,20 @@ def slot_offsets(topk_ids: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, 
     return order_p, sorted_key_p, offs_s
 
 
+def _check_strides(w13: torch.Tensor, w2: torch.Tensor) -> None:
+    """ValueError naming a weight whose last dim is not contiguous or whose other strides are
+    not multiples of 16 bytes. NOTE: not an assert: reachable from
+    ``fused_experts(check_inputs=False)``, and asserts vanish under ``python -O``."""
+    for name, w in (("w13", w13), ("w2", w2)):
+        elt = w.element_size()
+        if w.stride(-1) != 1 or any((w.stride(d) * elt) % _STRIDE_ALIGN_BYTES
+                                    for d in range(w.dim() - 1) if w.shape[d] > 1):
+            raise ValueError(f"{name} has strides {tuple(w.stride())} for shape "
+                             f"{tuple(w.shape)}: GroupedMMExperts needs a contiguous last "
+                             f"dimension and every other stride a multiple of "
+                             f"{_STRIDE_ALIGN_BYTES} bytes; pass {name}.contiguous()")
+
+
 def grouped_mm_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -88,8 +102,9 @@ def grouped_mm_experts(
 
     Args:
         x: ``[M, H]`` fp32/fp16/bf16 activations.
-        w13: ``[S, 2I, H]`` gate rows then up rows, last dim contiguous.
-        w2: ``[S, H, I]``, last dim contiguous.
+        w13: ``[S, 2I, H]`` gate rows then up rows, last dim contiguous, other strides
+            multiples of 16 bytes (else ValueError).
+        w2: ``[S, H, I]``, the same layout rule.
         topk_weights: ``[M, K]`` (fp32; other float dtypes are upcast).
         topk_ids: ``[M, K]`` integer local slot ids in ``[0, S)`` or ``-1`` (skipped).
 
@@ -103,7 +118,8 @@ def grouped_mm_experts(
     inter = two_i // 2
     if m == 0 or topk_ids.numel() == 0:
         return torch.zeros(m, h, dtype=x.dtype, device=x.device)
-    assert w13.stride(-1) == 1 and w2.stride(-1) == 1, "expert weights need a contiguous last dim"
+    if not (w13.is_contiguous() and w2.is_contiguous()):  # contiguous: aligned (can_implement)
+        _check_strides(w13, w2)
     k = topk_ids.shape[1]
 
     order_p, sorted_key_p, offs_s = slot_offsets(topk_ids, num_slots)

@@ -54,7 +54,10 @@ class AllGatherReduceScatter(CommStrategy):
                  async_op: bool = False) -> DispatchResult:
         chunk = prepared.chunk
         n, m, r = x.shape[0], chunk.max, self.world_size
-        assert n == chunk.local, (n, chunk)
+        if n != chunk.local:  # public entry: name the argument, not a bare assert
+            raise ValueError(f"AllGatherReduceScatter.dispatch: x has {n} rows but the chunk "
+                             f"plan gives this rank {chunk.local} (counts {chunk.counts}); pass "
+                             "the rows prepare_dispatch planned")
         k = topk_ids.shape[1]
         # NOTE: ids and fp32 weights travel in one int32 tensor (weights bit-cast).
         meta = torch.cat([topk_ids.to(torch.int32),

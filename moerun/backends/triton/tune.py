@@ -23,7 +23,6 @@ new points once ``--budget-s`` is spent and writes what it has.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import shlex
