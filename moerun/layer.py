@@ -292,23 +292,7 @@ class ConfigurableMoE(nn.Module):
                              f"H={h}] (gate rows, then up rows)")
         if tuple(w2.shape) != (e, h, i):
             raise ValueError(f"w2 has shape {tuple(w2.shape)}; expected [E={e}, H={h}, I={i}]")
-        if self.shared_expert is not None:
-            if shared is None:
-                raise ValueError("shared is required: config.shared_intermediate_size="
-                                 f"{cfg.shared_intermediate_size} > 0")
-            self.shared_expert.check(shared["w13"], shared["w2"], shared.get("gate"))
-        elif shared is not None:
-            raise ValueError("shared given but config.shared_intermediate_size == 0")
-        if self.e_score_correction_bias is not None:
-            if e_score_correction_bias is None:
-                raise ValueError(f"e_score_correction_bias [E={e}] is required by routing "
-                                 f"method {cfg.routing.method.value}")
-            if tuple(e_score_correction_bias.shape) != (e,):
-                raise ValueError(f"e_score_correction_bias has shape "
-                                 f"{tuple(e_score_correction_bias.shape)}; expected [{e}]")
-        elif e_score_correction_bias is not None:
-            raise ValueError(f"e_score_correction_bias given but routing method "
-                             f"{cfg.routing.method.value} does not use one")
+        self._check_extras(shared, e_score_correction_bias)
         # every check passed: copy (a failed call leaves the previous weights untouched)
         experts = torch.tensor(self.balancer.local_experts(self.slot_start, self.slot_end),
                                dtype=torch.long, device=w13.device)
@@ -319,6 +303,29 @@ class ConfigurableMoE(nn.Module):
         if self.e_score_correction_bias is not None:
             self.e_score_correction_bias.copy_(e_score_correction_bias)
         self._loaded = True
+
+    def _check_extras(self, shared: dict | None, bias: torch.Tensor | None) -> None:
+        """The shared-expert weights and the selection bias both loaders take: present iff the
+        config uses them, of the right shapes. Raises ``ValueError``; copies nothing."""
+        cfg = self.config
+        e = cfg.num_experts
+        if self.shared_expert is not None:
+            if shared is None:
+                raise ValueError("shared is required: config.shared_intermediate_size="
+                                 f"{cfg.shared_intermediate_size} > 0")
+            self.shared_expert.check(shared["w13"], shared["w2"], shared.get("gate"))
+        elif shared is not None:
+            raise ValueError("shared given but config.shared_intermediate_size == 0")
+        if self.e_score_correction_bias is not None:
+            if bias is None:
+                raise ValueError(f"e_score_correction_bias [E={e}] is required by routing "
+                                 f"method {cfg.routing.method.value}")
+            if tuple(bias.shape) != (e,):
+                raise ValueError(f"e_score_correction_bias has shape {tuple(bias.shape)}; "
+                                 f"expected [{e}]")
+        elif bias is not None:
+            raise ValueError(f"e_score_correction_bias given but routing method "
+                             f"{cfg.routing.method.value} does not use one")
 
     # Parts of one expert each name fills: w13 rows [0, I) are the gate, [I, 2I) the up rows.
     _EXPERT_PARTS = {"gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
@@ -353,22 +360,8 @@ class ConfigurableMoE(nn.Module):
         """
         cfg = self.config
         e_total, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-        if self.shared_expert is not None:
-            if shared is None:
-                raise ValueError("shared is required: config.shared_intermediate_size="
-                                 f"{cfg.shared_intermediate_size} > 0")
-            self.shared_expert.check(shared["w13"], shared["w2"], shared.get("gate"))
-        elif shared is not None:
-            raise ValueError("shared given but config.shared_intermediate_size == 0")
+        self._check_extras(shared, e_score_correction_bias)
         bias = e_score_correction_bias
-        if self.e_score_correction_bias is not None:
-            if bias is None or tuple(bias.shape) != (e_total,):
-                got = None if bias is None else tuple(bias.shape)
-                raise ValueError(f"e_score_correction_bias [E={e_total}] is required by "
-                                 f"routing method {cfg.routing.method.value} (got {got})")
-        elif bias is not None:
-            raise ValueError(f"e_score_correction_bias given but routing method "
-                             f"{cfg.routing.method.value} does not use one")
         shapes = {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i),
                   "gate_up_proj": (2 * i, h)}
         slots: dict[int, list[int]] = {}
