@@ -185,15 +185,17 @@ def reference_fp8_moe(
     quant: QuantConfig,
     *,
     out_dtype: torch.dtype = torch.float32,
+    intermediate_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """DESIGN 11a's reference: dequantized weights (fp32) applied to identically quantized
     activations.
 
     ``x`` ([M, H] float, quantized here per ``quant.act_group``; or already
     :class:`QuantizedRows`) is dequantized; per slot, ``a = silu(x W_gate^T) * (x W_up^T)``
-    in fp32, then ``a`` is quantized per row and group exactly as the kernels re-quantize
-    the intermediate, dequantized, and multiplied by ``W_2^T``; the weighted sum over the
-    local (t, j) pairs (ids ``-1`` skipped) is accumulated in fp32.
+    in fp32, rounded to ``intermediate_dtype`` (default ``out_dtype``: the kernels hold the
+    intermediate in the layer's activation dtype), quantized per row and group exactly as
+    the kernels re-quantize it, dequantized, and multiplied by ``W_2^T``; the weighted sum
+    over the local (t, j) pairs (ids ``-1`` skipped) is accumulated in fp32.
 
     Shapes: ``w13 [S, 2I, H]`` e4m3, ``w13_scale [S, ceil(2I/bn), ceil(H/bk)]``, ``w2 [S, H,
     I]`` e4m3, ``w2_scale [S, ceil(H/bn), ceil(I/bk)]``, ``topk_* [M, K]``. Returns ``[M, H]``
@@ -206,6 +208,7 @@ def reference_fp8_moe(
     inter = two_i // 2
     out = torch.zeros(m, h, dtype=torch.float32, device=xd.device)
     ids = topk_ids.long()
+    mid_dtype = out_dtype if intermediate_dtype is None else intermediate_dtype
     for s in range(s_num):
         hit = ids == s
         rows = hit.any(dim=1).nonzero().squeeze(1)  # NOTE: host sync
@@ -216,6 +219,6 @@ def reference_fp8_moe(
         g2 = dequantize_weight_blocks(w2[s], w2_scale[s], quant.weight_block)
         gu = xd[rows] @ g13.t()
         act = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
-        act = dequantize_rows(quantize_rows(act, quant.act_group))
+        act = dequantize_rows(quantize_rows(act.to(mid_dtype), quant.act_group))
         out.index_add_(0, rows, (act @ g2.t()) * w[:, None])
     return out.to(out_dtype)

@@ -1,0 +1,379 @@
+"""Block-scaled FP8 grouped GEMMs for :class:`TritonExperts` (DESIGN 11a, issue 12).
+
+Legend as ``gate_up.py``: ``M`` rows, ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``S``
+slots, ``R`` aligned rows; ``G = 128`` the quantization group (``QuantConfig.act_group``, the
+column width of a weight block). Weights are e4m3 with an fp32 ``scale_inv`` per 128 x 128
+block; activations are quantized per row and 128-column group (``moerun.quant`` defines the
+numbers; its functions are the torch twin).
+
+Three kernels, each one launch:
+
+* ``quantize_rows_fp8`` -- ``x [M, H]`` -> e4m3 ``[M, H]`` + fp32 ``[M, H/G]``; used before a
+  dispatch that moves fp8 rows (post-quant dispatch).
+* ``gate_up_fp8`` -- as ``gate_up.gate_up``, with ``BLOCK_K = G``: each K step loads one
+  activation scale per row and one weight scale per output column, ``acc += dot(a_fp8,
+  w_fp8) * a_scale * w_scale`` (fp32), ``silu(gate) * up`` in the epilogue, written in the
+  layer's activation dtype. The activations are either already fp8 (``QuantizedRows``) or
+  quantized in registers as they are loaded (the activation quantization fused into this
+  kernel: each 128-column tile is exactly one group, so its row amax is local).
+* ``down_fp8`` -- as ``down.down``, with ``BLOCK_K = G``: the intermediate is re-quantized in
+  registers per row and 128-column group as it is loaded (one tile = one group), then the
+  same scaled dot; routing weight in the epilogue, atomic fp32 sum or per-pair rows.
+
+No host sync, current stream, capturable (the alignment and combine are the bf16 path's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from moerun._triton.compat import patch_interpreter
+from moerun._triton.launch import FastLauncher, cdiv
+from moerun.backends.triton.align import Alignment
+from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+from moerun.backends.triton.gate_up import grouped_pid
+from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
+
+patch_interpreter()
+
+__all__ = ["GROUP", "quantize_rows_fp8", "gate_up_fp8", "down_fp8", "fp8_config",
+           "run_experts_fp8"]
+
+#: The quantization group and the K tile of both GEMMs.
+GROUP = 128
+
+
+# ---------------------------------------------------------------- kernels
+@triton.jit
+def _quantize_tile(xf, EPS: tl.constexpr, QMAX: tl.constexpr):
+    """fp32 ``[BM, G]`` -> (e4m3 codes, fp32 scale ``[BM]``) as ``moerun.quant`` defines."""
+    amax = tl.max(tl.abs(xf), axis=1)
+    scale = tl.maximum(amax, EPS) / QMAX
+    q = tl.minimum(tl.maximum(xf / scale[:, None], -QMAX), QMAX)
+    return q.to(tl.float8e4nv), scale
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, rows, stride_xm, stride_qm, stride_sm,
+                          BLOCK_R: tl.constexpr, G: tl.constexpr, EPS: tl.constexpr,
+                          QMAX: tl.constexpr):
+    pid_r = tl.program_id(0)
+    grp = tl.program_id(1)
+    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = grp * G + tl.arange(0, G)
+    ok = offs_r < rows
+    r64 = offs_r.to(tl.int64)
+    xf = tl.load(x_ptr + r64[:, None] * stride_xm + offs_c[None, :], mask=ok[:, None],
+                 other=0.0).to(tl.float32)
+    q, scale = _quantize_tile(xf, EPS, QMAX)
+    tl.store(q_ptr + r64[:, None] * stride_qm + offs_c[None, :], q, mask=ok[:, None])
+    tl.store(s_ptr + r64 * stride_sm + grp, scale, mask=ok)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
+def _gate_up_fp8_kernel(
+    x_ptr,  # [M, H] e4m3 (A_FP8) or the activation dtype
+    xs_ptr,  # [M, H/G] fp32 (read iff A_FP8)
+    w_ptr,  # [S, 2I, H] e4m3
+    ws_ptr,  # [S, 2I/G, H/G] fp32
+    act_ptr,  # [R, I] out, the activation dtype
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    num_pairs, inter, hidden, max_blocks,
+    stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_am,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
+    GROUP_M: tl.constexpr, A_FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    tok = (pair // TOP_K).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_nw = offs_n % inter
+    offs_k = tl.arange(0, G)
+
+    a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
+    as_ptrs = xs_ptr + tok * stride_xsm
+    g_ptrs = w_ptr + expert * stride_we + offs_nw[None, :].to(tl.int64) * stride_wn \
+        + offs_k[:, None]
+    u_ptrs = g_ptrs + inter * stride_wn
+    gs_ptrs = ws_ptr + expert * stride_wse + (offs_nw // G) * stride_wsn
+    us_ptrs = gs_ptrs + (inter // G) * stride_wsn
+
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, hidden // G):
+        if A_FP8:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            a_s = tl.load(as_ptrs + k, mask=row_ok, other=0.0)
+        else:
+            xf = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            a, a_s = _quantize_tile(xf, EPS, QMAX)
+        g = tl.load(g_ptrs)
+        u = tl.load(u_ptrs)
+        g_s = tl.load(gs_ptrs + k)
+        u_s = tl.load(us_ptrs + k)
+        acc_g += tl.dot(a, g) * (a_s[:, None] * g_s[None, :])
+        acc_u += tl.dot(a, u) * (a_s[:, None] * u_s[None, :])
+        a_ptrs += G
+        g_ptrs += G
+        u_ptrs += G
+
+    act = acc_g * tl.sigmoid(acc_g) * acc_u
+    out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
+    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
+
+
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
+def _down_fp8_kernel(
+    act_ptr,  # [R, I] the activation dtype
+    w_ptr,  # [S, H, I] e4m3
+    ws_ptr,  # [S, H/G, I/G] fp32
+    out_ptr,  # ATOMIC: [M, H] fp32; else [M*K, H]
+    topk_weights_ptr,  # [M*K] fp32
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    num_pairs, hidden, inter, max_blocks,
+    stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
+    EPS: tl.constexpr, QMAX: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_nw = offs_n % hidden
+    offs_k = pid_k * G + tl.arange(0, G)
+    a_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    b_ptrs = w_ptr + expert * stride_we + offs_nw[None, :].to(tl.int64) * stride_wn \
+        + offs_k[:, None]
+    bs_ptrs = ws_ptr + expert * stride_wse + (offs_nw // G) * stride_wsn + pid_k
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, inter // (G * SPLIT_K)):
+        af = tl.load(a_ptrs).to(tl.float32)
+        a, a_s = _quantize_tile(af, EPS, QMAX)
+        b = tl.load(b_ptrs)
+        b_s = tl.load(bs_ptrs + k * SPLIT_K)
+        acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
+        a_ptrs += G * SPLIT_K
+        b_ptrs += G * SPLIT_K
+
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    w = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
+    acc = acc * w[:, None]
+    mask = row_ok[:, None] & (offs_n < hidden)[None, :]
+    if ATOMIC:
+        tok = (pair // TOP_K).to(tl.int64)
+        tl.atomic_add(out_ptr + tok[:, None] * stride_om + offs_n[None, :], acc, mask=mask,
+                      sem="relaxed")
+    else:
+        dst = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_QUANT = FastLauncher(_quantize_rows_kernel)
+_GATE_UP = FastLauncher(_gate_up_fp8_kernel)
+_DOWN = FastLauncher(_down_fp8_kernel)
+
+
+# ---------------------------------------------------------------- configs
+def fp8_config(cfg: ExpertsConfig, inter: int) -> ExpertsConfig:
+    """The fp8 form of a (bf16) bucket config: both K tiles become ``G`` (one scale group per
+    step), split-K only where it divides ``I`` in whole groups, one more pipeline stage
+    where the halved operand bytes leave room. Pure host arithmetic."""
+    gu, dn = cfg.gate_up, cfg.down
+    gu8 = GateUpConfig(block_n=gu.block_n, block_k=GROUP, group_m=gu.group_m,
+                       num_warps=gu.num_warps, num_stages=gu.num_stages)
+    split = dn.split_k
+    while split > 1 and inter % (GROUP * split):
+        split //= 2
+    dn8 = DownConfig(block_n=dn.block_n, block_k=GROUP, group_m=dn.group_m, split_k=split,
+                     num_warps=dn.num_warps, num_stages=dn.num_stages)
+    return dataclasses.replace(cfg, gate_up=gu8, down=dn8)
+
+
+def _check_groups(name: str, size: int) -> None:
+    if size % GROUP:
+        raise ValueError(f"{name}={size} must be a multiple of {GROUP} for the fp8 kernels")
+
+
+# ---------------------------------------------------------------- launchers
+def quantize_rows_fp8(x: torch.Tensor) -> QuantizedRows:
+    """``x [M, H]`` (fp32/fp16/bf16, last dim contiguous, ``H % 128 == 0``) -> e4m3 rows and
+    fp32 ``[M, H/128]`` scales, as :func:`moerun.quant.quantize_rows`. One launch; current
+    stream; no host sync."""
+    m, h = x.shape
+    _check_groups("x.shape[1]", h)
+    if x.stride(1) != 1:
+        raise ValueError("x needs a contiguous last dimension")
+    q = torch.empty(m, h, dtype=FP8_DTYPE, device=x.device)
+    s = torch.empty(m, h // GROUP, dtype=torch.float32, device=x.device)
+    if m:
+        block_r = 16
+        _QUANT((cdiv(m, block_r), h // GROUP), x, q, s, m, x.stride(0), q.stride(0),
+               s.stride(0), block_r, GROUP, AMAX_EPS, FP8_MAX, num_warps=4, num_stages=2)
+    return QuantizedRows(data=q, scale=s, group=GROUP)
+
+
+def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: torch.Tensor,
+                align: Alignment, top_k: int, cfg: GateUpConfig, out_dtype: torch.dtype,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``act[r] = silu(x W_g^T) * (x W_u^T)`` per aligned row with fp8 block-scaled GEMMs.
+
+    Args:
+        x: ``QuantizedRows`` (``[M, H]`` e4m3 + ``[M, H/128]`` fp32) or ``[M, H]``
+            fp32/fp16/bf16 (quantized in registers, identically).
+        w13: ``[S, 2I, H]`` e4m3, last dim contiguous; ``w13_scale [S, 2I/128, H/128]`` fp32.
+        align: from ``moe_align`` with ``M*K`` pairs; ``top_k``: ``K``.
+        cfg: tile (``block_k`` is ignored: always 128); ``out_dtype``: the ``act`` dtype.
+        out: optional ``[max_blocks*BM, I]`` buffer.
+
+    Returns ``act [max_blocks*BM, I]`` in aligned row order. One launch; current stream; no
+    host sync.
+    """
+    a_fp8 = isinstance(x, QuantizedRows)
+    xd = x.data if a_fp8 else x
+    xs = x.scale if a_fp8 else xd  # unread when not a_fp8
+    m, h = xd.shape
+    s, two_i, h2 = w13.shape
+    inter = two_i // 2
+    if h2 != h or w13.dtype != FP8_DTYPE or w13.stride(2) != 1:
+        raise ValueError(f"w13 {tuple(w13.shape)} {w13.dtype} must be [S, 2I, {h}] "
+                         f"{FP8_DTYPE} with a contiguous last dimension")
+    _check_groups("H", h)
+    _check_groups("I", inter)
+    if tuple(w13_scale.shape) != (s, two_i // GROUP, h // GROUP) or \
+            w13_scale.dtype != torch.float32:
+        raise ValueError(f"w13_scale {list(w13_scale.shape)} {w13_scale.dtype} must be "
+                         f"[{s}, {two_i // GROUP}, {h // GROUP}] float32")
+    if xd.stride(1) != 1 or w13_scale.stride(2) != 1:
+        raise ValueError("x and w13_scale need a contiguous last dimension")
+    if align.num_pairs != m * top_k:
+        raise ValueError(f"alignment covers {align.num_pairs} pairs, expected {m}*{top_k}")
+    rows = align.max_blocks * align.block_m
+    if out is None:
+        out = torch.empty(rows, inter, dtype=out_dtype, device=xd.device)
+    elif out.shape != (rows, inter) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{rows}, {inter}] {out_dtype}")
+    grid = (align.max_blocks * cdiv(inter, cfg.block_n),)
+    _GATE_UP(
+        grid,
+        xd, xs, w13, w13_scale, out, align.sorted_ids, align.expert_ids, align.num_post,
+        align.num_pairs, inter, h, align.max_blocks,
+        xd.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0),
+        w13_scale.stride(1), out.stride(0),
+        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, A_FP8, EPS, QMAX
+        top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, a_fp8, AMAX_EPS, FP8_MAX,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def down_fp8(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, align: Alignment,
+             topk_weights: torch.Tensor, top_k: int, cfg: DownConfig, *,
+             atomic_out: torch.Tensor | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted fp8 down projection of the aligned rows; ``act`` is re-quantized per row and
+    128-column group as it is loaded.
+
+    Args:
+        act: ``[max_blocks*BM, I]`` from :func:`gate_up_fp8`.
+        w2: ``[S, H, I]`` e4m3; ``w2_scale [S, H/128, I/128]`` fp32.
+        align, topk_weights (``[M, K]`` fp32 contiguous), top_k: as ``down.down``.
+        cfg: tile (``block_k`` ignored: 128); ``split_k`` must divide ``I/128`` and needs
+            ``atomic_out``.
+        atomic_out: a zeroed fp32 ``[M, H]`` accumulator; else ``out``/new ``[M*K, H]`` rows
+            in ``act.dtype``.
+
+    Returns ``atomic_out`` or ``y [M*K, H]``. One launch; current stream; no host sync.
+    """
+    rows, inter = act.shape
+    s, h, i2 = w2.shape
+    if i2 != inter or w2.dtype != FP8_DTYPE or w2.stride(2) != 1 or act.stride(1) != 1:
+        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} must be [S, H, {inter}] "
+                         f"{FP8_DTYPE}; act and w2 need a contiguous last dimension")
+    _check_groups("H", h)
+    _check_groups("I", inter)
+    if tuple(w2_scale.shape) != (s, h // GROUP, inter // GROUP) or \
+            w2_scale.dtype != torch.float32 or w2_scale.stride(2) != 1:
+        raise ValueError(f"w2_scale {list(w2_scale.shape)} {w2_scale.dtype} must be "
+                         f"[{s}, {h // GROUP}, {inter // GROUP}] float32, contiguous last dim")
+    if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous() or \
+            topk_weights.numel() != align.num_pairs:
+        raise ValueError("topk_weights must be a contiguous fp32 [M, K] tensor")
+    split = cfg.split_k
+    if (inter // GROUP) % split:
+        raise ValueError(f"split_k={split} must divide I/128={inter // GROUP}")
+    m = align.num_pairs // top_k
+    if split > 1 and atomic_out is None:
+        raise ValueError("split_k > 1 needs atomic_out (the fp32 accumulator)")
+    if atomic_out is not None:
+        if atomic_out.shape != (m, h) or atomic_out.dtype != torch.float32 or \
+                not atomic_out.is_contiguous():
+            raise ValueError(f"atomic_out must be a contiguous fp32 [{m}, {h}] tensor")
+        dst = atomic_out
+    else:
+        if out is None:
+            out = torch.empty(align.num_pairs, h, dtype=act.dtype, device=act.device)
+        elif out.shape != (align.num_pairs, h) or out.dtype != act.dtype or out.stride(1) != 1:
+            raise ValueError(f"out must be [{align.num_pairs}, {h}] {act.dtype}")
+        dst = out
+    grid = (align.max_blocks * cdiv(h, cfg.block_n), split)
+    _DOWN(
+        grid,
+        act, w2, w2_scale, dst, topk_weights, align.sorted_ids, align.expert_ids,
+        align.num_post,
+        align.num_pairs, h, inter, align.max_blocks,
+        act.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
+        dst.stride(0),
+        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, SPLIT_K, ATOMIC, EPS, QMAX
+        top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, split, atomic_out is not None,
+        AMAX_EPS, FP8_MAX,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return dst
+
+
+# ---------------------------------------------------------------- the whole expert path
+def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
+                    w13_scale: torch.Tensor, w2_scale: torch.Tensor,
+                    topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    cfg: ExpertsConfig, out_dtype: torch.dtype) -> torch.Tensor:
+    """``out[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` with the fp8 GEMMs.
+
+    ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights [M, K]`` fp32
+    contiguous, ``cfg`` an fp8 config (:func:`fp8_config`). Returns ``[M, H]`` in
+    ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum); no host sync.
+    """
+    from moerun.backends.triton.align import moe_align
+    from moerun.backends.triton.combine import moe_sum
+
+    xd = x.data if isinstance(x, QuantizedRows) else x
+    m, h = xd.shape
+    s = w13.shape[0]
+    k = topk_ids.shape[1]
+    atomic = cfg.combine == "atomic"
+    acc = torch.empty(m, h, dtype=torch.float32, device=xd.device) if atomic else None
+    align = moe_align(topk_ids, s, cfg.block_m, zero=acc)
+    act = gate_up_fp8(x, w13, w13_scale, align, k, cfg.gate_up, out_dtype)
+    if atomic:
+        down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, atomic_out=acc)
+        return acc if out_dtype == torch.float32 else acc.to(out_dtype)
+    y = down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down)
+    return moe_sum(y, topk_ids, s)

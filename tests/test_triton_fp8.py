@@ -1,0 +1,216 @@
+"""The fp8 block-scaled Triton kernels (``moerun/backends/triton/fp8.py``) against the torch
+definitions of ``moerun.quant``: under the Triton interpreter on CPU (one subprocess started
+with ``TRITON_INTERPRET=1``; this file run as a script is that worker) and on CUDA (``gpu``).
+
+References: ``reference_fp8_moe`` (DESIGN 11a: dequantized weights applied to identically
+quantized activations, fp32) and, independently, an fp32 MoE written out below with the
+dequantized weights and unquantized activations (bound 6e-2: e4m3 rounding of both GEMM
+inputs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fp32_moe(x, w13, w2, weights, ids):
+    """fp32 ``sum_j w * (silu(x Wg^T) * (x Wu^T)) W2^T`` over ids >= 0 (a plain loop)."""
+    m, h = x.shape
+    inter = w13.shape[1] // 2
+    out = torch.zeros(m, h, dtype=torch.float64)
+    for t in range(m):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e < 0:
+                continue
+            gu = w13[e].double() @ x[t].double()
+            a = torch.nn.functional.silu(gu[:inter]) * gu[inter:]
+            out[t] += float(weights[t, j]) * (w2[e].double() @ a)
+    return out
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("nan")
+    d = b.norm().item()
+    return (a - b).norm().item() / (d if d > 0 else 1.0)
+
+
+def _problem(m, k, s, h, i, seed, device="cpu", empty_row=True):
+    from moerun.quant import quantize_weight_blocks
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, h, generator=g)
+    x[0] *= 30.0  # a row with a much larger range than the rest
+    w13, s13 = quantize_weight_blocks(torch.randn(s, 2 * i, h, generator=g) / h ** 0.5)
+    w2, s2 = quantize_weight_blocks(torch.randn(s, h, i, generator=g) / i ** 0.5)
+    ids = torch.stack([torch.randperm(s, generator=g)[:k] for _ in range(m)]).int()
+    if m > 2:
+        ids[1, -1] = -1  # one pair on another rank
+    if empty_row and m > 3:
+        ids[2] = -1  # a padded row: no pair at all
+    weights = torch.rand(m, k, generator=g)
+    return [t.to(device) for t in (x, w13, s13, w2, s2, weights, ids)]
+
+
+# ---------------------------------------------------------------- the worker (subprocess)
+def _worker() -> None:  # pragma: no cover -- runs in the subprocess
+    from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+    from moerun.backends.triton.fp8 import quantize_rows_fp8, run_experts_fp8
+    from moerun.quant import QuantConfig, dequantize_weight_blocks, quantize_rows, \
+        reference_fp8_moe
+
+    def emit(**kw):
+        print(json.dumps(kw), flush=True)
+
+    # quantize: codes and scales equal the torch definition bit for bit
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 384, generator=g) * torch.tensor([1e-3, 1.0, 50.0, 1.0, 7.0])[:, None]
+    x[3] = 0.0
+    for dtype in (torch.float32, torch.float16):
+        xd = x.to(dtype)
+        a, b = quantize_rows_fp8(xd), quantize_rows(xd)
+        emit(kind="quant", name=str(dtype),
+             codes_equal=bool(torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))),
+             scales_equal=bool(torch.equal(a.scale, b.scale)))
+    emit(kind="quant_empty", shape=list(quantize_rows_fp8(x[:0]).data.shape))
+
+    cases = [
+        # name, M, K, S, H, I, cfg
+        ("atomic-bm16", 9, 2, 4, 256, 256, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
+            down=DownConfig(block_n=64, block_k=128), combine="atomic")),
+        ("atomic-splitk2", 7, 3, 5, 128, 256, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=32, block_k=128),
+            down=DownConfig(block_n=128, block_k=128, split_k=2), combine="atomic")),
+        ("reduce-bm32-groupm2", 21, 2, 3, 256, 128, ExpertsConfig(
+            block_m=32, gate_up=GateUpConfig(block_n=128, block_k=128, group_m=2),
+            down=DownConfig(block_n=64, block_k=128, group_m=2), combine="reduce")),
+        ("topk1-one-slot", 4, 1, 1, 128, 128, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
+            down=DownConfig(block_n=64, block_k=128), combine="reduce")),
+    ]
+    for name, m, k, s, h, i, cfg in cases:
+        x, w13, s13, w2, s2, weights, ids = _problem(m, k, s, h, i, seed=m * 7 + k)
+        unq = _fp32_moe(x, dequantize_weight_blocks(w13, s13), dequantize_weight_blocks(w2, s2),
+                        weights, ids)
+        for out_dtype in (torch.float32, torch.float16):
+            for pre in (False, True):
+                xin = quantize_rows(x) if pre else x.to(out_dtype)
+                ref = reference_fp8_moe(xin, w13, s13, w2, s2, weights, ids, QuantConfig(),
+                                        out_dtype=out_dtype)
+                out = run_experts_fp8(xin, w13, w2, s13, s2, weights, ids, cfg, out_dtype)
+                emit(kind="experts", name=f"{name}/{out_dtype}/{'prequant' if pre else 'fused'}",
+                     dtype=str(out_dtype), err_ref=_rel(out, ref), err_unq=_rel(out, unq),
+                     out_dtype=str(out.dtype), shape=list(out.shape),
+                     padded_row_zero=bool((out[2] == 0).all()) if m > 3 else True)
+
+    # errors name the argument
+    from moerun.backends.triton.align import moe_align
+    from moerun.backends.triton.fp8 import gate_up_fp8
+
+    x, w13, s13, w2, s2, weights, ids = _problem(4, 2, 3, 128, 128, seed=3)
+    al = moe_align(ids, 3, 16)
+    msgs = []
+    for bad in (lambda: quantize_rows_fp8(torch.randn(2, 100)),
+                lambda: gate_up_fp8(x, w13, s13[:, :1], al, 2, GateUpConfig(block_n=64,
+                                                                          block_k=128),
+                                    torch.float32),
+                lambda: gate_up_fp8(x, w13.float(), s13, al, 2, GateUpConfig(block_n=64,
+                                                                             block_k=128),
+                                    torch.float32)):
+        try:
+            bad()
+            msgs.append(None)
+        except ValueError as e:
+            msgs.append(str(e))
+    emit(kind="errors", msgs=msgs)
+
+
+@pytest.fixture(scope="module")
+def report():
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                          timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert rows, proc.stdout[-2000:]
+    return rows
+
+
+def _rows(report, kind):
+    rows = [r for r in report if r["kind"] == kind]
+    assert rows, f"no {kind} rows"
+    return rows
+
+
+def test_quantize_kernel_equals_torch_definition(report):
+    rows = _rows(report, "quant")
+    assert len(rows) == 2
+    assert all(r["codes_equal"] and r["scales_equal"] for r in rows), rows
+    assert _rows(report, "quant_empty")[0]["shape"] == [0, 384]
+
+
+def test_fp8_experts_match_reference(report):
+    rows = _rows(report, "experts")
+    assert len(rows) == 16
+    for r in rows:
+        # the same math as the reference up to summation order (fp16: and the rounding of
+        # the fp32 sums to fp16)
+        bound = 1e-5 if r["dtype"] == "torch.float32" else 2e-3
+        assert r["err_ref"] <= bound, r
+        assert r["err_unq"] <= 6e-2, r
+        assert r["out_dtype"] == r["dtype"] and r["padded_row_zero"], r
+
+
+def test_fp8_kernel_errors_name_the_argument(report):
+    msgs = _rows(report, "errors")[0]["msgs"]
+    assert msgs[0] is not None and "x.shape[1]=100" in msgs[0] and "128" in msgs[0]
+    assert msgs[1] is not None and "w13_scale" in msgs[1]
+    assert msgs[2] is not None and "w13" in msgs[2] and "float8_e4m3fn" in msgs[2]
+
+
+# ---------------------------------------------------------------- CUDA
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("combine,split", [("atomic", 1), ("atomic", 2), ("reduce", 1)])
+def test_fp8_kernels_on_cuda(combine, split):
+    from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+    from moerun.backends.triton.fp8 import quantize_rows_fp8, run_experts_fp8
+    from moerun.quant import QuantConfig, dequantize_weight_blocks, quantize_rows, \
+        reference_fp8_moe
+
+    x, w13, s13, w2, s2, weights, ids = _problem(67, 4, 8, 512, 256, seed=11, device="cuda")
+    xb = x.bfloat16()
+    a, b = quantize_rows_fp8(xb), quantize_rows(xb)
+    assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
+    assert torch.equal(a.scale, b.scale)
+    cfg = ExpertsConfig(block_m=16 if combine == "atomic" else 64,
+                        gate_up=GateUpConfig(block_n=64, block_k=128, num_stages=3),
+                        down=DownConfig(block_n=64, block_k=128, split_k=split, num_stages=3),
+                        combine=combine)
+    ref = reference_fp8_moe(xb, w13, s13, w2, s2, weights, ids, QuantConfig(),
+                            out_dtype=torch.bfloat16)
+    unq = _fp32_moe(x.cpu(), dequantize_weight_blocks(w13, s13).cpu(),
+                    dequantize_weight_blocks(w2, s2).cpu(), weights.cpu(), ids.cpu())
+    for xin in (xb, a):
+        out = run_experts_fp8(xin, w13, w2, s13, s2, weights, ids, cfg, torch.bfloat16)
+        assert out.dtype == torch.bfloat16
+        assert _rel(out, ref) <= 1e-2
+        assert _rel(out.cpu(), unq) <= 6e-2
+        assert (out[2] == 0).all()
+
+
+if __name__ == "__main__":
+    _worker()
