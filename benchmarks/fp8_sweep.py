@@ -1,0 +1,283 @@
+"""FP8 block-scaled expert kernels on one GPU: a config sweep per cell, then the whole path
+against the fp8 floor and moerun's own bf16 path, in one run (issue 12, device script).
+
+    python3 benchmarks/fp8_sweep.py --out DIR [--shapes a,b] [--tokens 1,16] [--budget-s 480]
+
+Per cell (shape x T): fresh random bf16 ``x``, ``R`` fresh uniform routings; fp8 weights are
+random e4m3 codes with random positive block scales, the bf16 weights their dequantized
+values (so both paths compute the same function). Per block_m of the cell's regime, every
+gate/up candidate and every down candidate is timed alone (one CUDA graph holding one launch
+per routing, median of replays), the best pair is then timed as the whole path (alignment +
+gate/up + down + combine): graph replay for T <= 1024, eager for larger T, like the bf16
+matrix. The bf16 path is ``TritonExperts`` with its shipped configs, same inputs, same
+method. Ceilings in the same run: read/copy bandwidth, the bf16 matmul rate and the fp8 rate
+(``torch._scaled_mm`` 8192^3 e4m3, with and without fast accumulation; the larger).
+
+fp8 floor (as ``shared/peers/fp8-h200-*.json``): ``max(flops / fp8_peak, (hit * 3*H*I +
+scale bytes + 2*T*H*2) / BW)``; bf16 floor: ``max(flops / bf16_peak, (hit * 3*H*I*2 +
+2*T*H*2) / BW)``.
+
+Writes ``DIR/fp8_sweep.json`` (every candidate's time, the chosen configs, the cell rows) and
+prints a table. Stops starting new cells once ``--budget-s`` is spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from moerun.backends.triton.align import moe_align
+from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+from moerun.backends.triton.experts import TritonExperts
+from moerun.backends.triton.fp8 import (GROUP, down_fp8, gate_up_fp8, quantize_rows_fp8,
+                                        run_experts_fp8)
+from moerun.bench.ceilings import measure_ceilings
+from moerun.bench.matrix import draw_routing
+from moerun.bench.shapes import SHAPES, parse_tokens
+from moerun.bench.timing import time_graph_replay, time_samples
+from moerun.quant import FP8_DTYPE, QuantConfig, reference_fp8_moe
+
+DEV = torch.device("cuda")
+
+
+def fp8_peak(size: int = 8192, repeats: int = 10) -> dict:
+    a = torch.randn(size, size, device=DEV).to(FP8_DTYPE)
+    b = torch.randn(size, size, device=DEV).to(FP8_DTYPE).t()
+    one = torch.ones((), device=DEV)
+    out = {}
+    for fast in (False, True):
+        s = statistics.median(time_samples(
+            lambda _: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                       use_fast_accum=fast), DEV, repeats, warmup=3))
+        out["fast" if fast else "plain"] = 2.0 * size ** 3 / s
+    del a, b
+    torch.cuda.empty_cache()
+    return out
+
+
+def random_fp8(shape, gen) -> torch.Tensor:
+    """Random finite e4m3 codes (magnitudes up to 448; the NaN codes 0x7f/0xff excluded)."""
+    codes = torch.randint(0, 254, shape, generator=gen, device=DEV, dtype=torch.uint8)
+    codes = torch.where(codes >= 127, codes + 1, codes)  # skip 0x7f; 0xff never drawn
+    return codes.view(FP8_DTYPE)
+
+
+def make_weights(shape, gen):
+    e, h, i = shape.num_experts, shape.hidden, shape.intermediate
+    w13 = random_fp8((e, 2 * i, h), gen)
+    w2 = random_fp8((e, h, i), gen)
+    # scales so that the dequantized weights have std ~ H^-0.5 / I^-0.5 (codes std ~ 100)
+    s13 = (torch.rand(e, 2 * i // GROUP, h // GROUP, generator=gen, device=DEV) + 0.5) \
+        * (h ** -0.5 / 100)
+    s2 = (torch.rand(e, h // GROUP, i // GROUP, generator=gen, device=DEV) + 0.5) \
+        * (i ** -0.5 / 100)
+    b13 = torch.empty(e, 2 * i, h, device=DEV, dtype=torch.bfloat16)
+    b2 = torch.empty(e, h, i, device=DEV, dtype=torch.bfloat16)
+    for x in range(e):  # dequantize one expert at a time (no fp32 copy of the whole layer)
+        b13[x] = (w13[x].float() * s13[x].repeat_interleave(GROUP, 0)
+                  .repeat_interleave(GROUP, 1)).bfloat16()
+        b2[x] = (w2[x].float() * s2[x].repeat_interleave(GROUP, 0)
+                 .repeat_interleave(GROUP, 1)).bfloat16()
+    return w13, w2, s13, s2, b13, b2
+
+
+def regime(shape, t):
+    pairs = t * shape.top_k
+    hit = min(shape.num_experts, pairs)
+    tpe = pairs / hit
+    if tpe <= 12:
+        return [16]
+    if tpe <= 40:
+        return [32, 64]
+    if tpe <= 100:
+        return [64, 128]
+    return [128]
+
+
+def gate_up_candidates(bm):
+    if bm <= 32:
+        return [GateUpConfig(block_n=bn, block_k=GROUP, num_warps=4, num_stages=st)
+                for bn in (32, 64, 128) for st in (3, 4)]
+    if bm == 64:
+        return [GateUpConfig(block_n=bn, block_k=GROUP, group_m=g, num_warps=w, num_stages=3)
+                for bn, w in ((64, 4), (128, 4), (128, 8)) for g in (1, 8)]
+    return [GateUpConfig(block_n=128, block_k=GROUP, group_m=g, num_warps=8, num_stages=st)
+            for g in (4, 16) for st in (3, 4)] + [
+        GateUpConfig(block_n=64, block_k=GROUP, group_m=8, num_warps=4, num_stages=4)]
+
+
+def down_candidates(bm, inter):
+    groups = inter // GROUP
+    splits = [s for s in (1, 2, 4) if groups % s == 0]
+    if bm <= 32:
+        return [DownConfig(block_n=bn, block_k=GROUP, split_k=s, num_warps=4, num_stages=3)
+                for bn in (64, 128) for s in splits]
+    if bm == 64:
+        return [DownConfig(block_n=bn, block_k=GROUP, split_k=s, num_warps=w, num_stages=3)
+                for bn, w in ((64, 4), (128, 4), (128, 8)) for s in splits[:2]]
+    return [DownConfig(block_n=128, block_k=GROUP, group_m=g, num_warps=8, num_stages=st)
+            for g in (4, 16) for st in (3, 4)] + [
+        DownConfig(block_n=256, block_k=GROUP, group_m=8, num_warps=8, num_stages=3)]
+
+
+def timed(fn, n, use_graph, samples):
+    if use_graph:
+        return statistics.median(time_graph_replay(fn, n, samples, warmup=2)) * 1e6
+    return statistics.median(time_samples(fn, DEV, samples, warmup=2)) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="mixtral8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3")
+    ap.add_argument("--tokens", default="1,16,128,1024,8192")
+    ap.add_argument("--routings", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--final-samples", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=480)
+    args = ap.parse_args()
+    t_start = time.time()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    ceil = measure_ceilings(DEV, read_bytes=2 << 30, matmul_size=8192,
+                            matmul_dtype=torch.bfloat16)
+    peaks = fp8_peak()
+    fp8_rate = max(peaks.values())
+    print(f"ceilings: {ceil.describe()}; fp8 plain {peaks['plain'] / 1e12:.1f} fast "
+          f"{peaks['fast'] / 1e12:.1f} TFLOP/s", flush=True)
+    report = {"ceilings": {"read_bw": ceil.read_bw, "copy_bw": ceil.copy_bw,
+                           "bf16_peak": ceil.flops, "fp8_peak_plain": peaks["plain"],
+                           "fp8_peak_fast": peaks["fast"]},
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cells": []}
+    bf16_backend = TritonExperts()
+    tokens = parse_tokens(args.tokens)
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        if time.time() - t_start > args.budget_s:
+            print(f"budget spent; skipping {name}", flush=True)
+            continue
+        gen = torch.Generator(device=DEV).manual_seed(0)
+        w13, w2, s13, s2, b13, b2 = make_weights(shape, gen)
+        h, i, e, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
+        for t in tokens:
+            if time.time() - t_start > args.budget_s:
+                print(f"budget spent; skipping {name} T={t}", flush=True)
+                continue
+            t_cell = time.time()
+            x = torch.randn(t, h, generator=gen, device=DEV, dtype=torch.bfloat16)
+            routings = [draw_routing(t, e, k, gen, DEV) for _ in range(args.routings)]
+            hits = [int(torch.unique(ids).numel()) for _, ids in routings]
+            hit = sum(hits) / len(hits)
+            use_graph = t <= 1024
+            n = len(routings)
+            flops = 2.0 * t * k * 3 * h * i
+            scale_bytes = hit * (2 * i * h + h * i) / GROUP ** 2 * 4
+            floor8 = max(flops / fp8_rate, (hit * 3 * h * i + scale_bytes + 4.0 * t * h)
+                         / ceil.bandwidth) * 1e6
+            floor16 = max(flops / ceil.flops, (hit * 3 * h * i * 2 + 4.0 * t * h)
+                          / ceil.bandwidth) * 1e6
+            cell = {"shape": name, "T": t, "experts_hit": hit, "floor_fp8_us": floor8,
+                    "floor_bf16_us": floor16, "candidates": []}
+            best = None
+            for bm in regime(shape, t):
+                aligns = [moe_align(ids, e, bm) for _, ids in routings]
+                acts = [torch.randn(al.max_blocks * bm, i, device=DEV, dtype=torch.bfloat16)
+                        for al in aligns]
+                gu_best = None
+                for cfg in gate_up_candidates(bm):
+                    try:
+                        us = timed(lambda j, c=cfg: gate_up_fp8(
+                            x, w13, s13, aligns[j % n], k, c, torch.bfloat16), n, use_graph,
+                            args.samples)
+                    except Exception as exc:  # noqa: BLE001
+                        cell["candidates"].append({"bm": bm, "gate_up": cfg.__dict__,
+                                                   "error": str(exc)[:200]})
+                        continue
+                    cell["candidates"].append({"bm": bm, "gate_up": cfg.__dict__, "us": us})
+                    if gu_best is None or us < gu_best[0]:
+                        gu_best = (us, cfg)
+                dn_best = None
+                for cfg in down_candidates(bm, i):
+                    atomic = cfg.split_k > 1 or bm <= 64
+                    accs = [torch.zeros(t, h, device=DEV) for _ in range(n)] if atomic else None
+
+                    def run_down(j, c=cfg, atomic=atomic, accs=accs):
+                        w, _ = routings[j % n]
+                        if atomic:
+                            return down_fp8(acts[j % n], w2, s2, aligns[j % n], w, k, c,
+                                            atomic_out=accs[j % n])
+                        return down_fp8(acts[j % n], w2, s2, aligns[j % n], w, k, c)
+                    try:
+                        us = timed(run_down, n, use_graph, args.samples)
+                    except Exception as exc:  # noqa: BLE001
+                        cell["candidates"].append({"bm": bm, "down": cfg.__dict__,
+                                                   "error": str(exc)[:200]})
+                        continue
+                    cell["candidates"].append({"bm": bm, "down": cfg.__dict__, "us": us,
+                                               "atomic": atomic})
+                    if dn_best is None or us < dn_best[0]:
+                        dn_best = (us, cfg, atomic)
+                if gu_best is None or dn_best is None:
+                    continue
+                combine = "atomic" if dn_best[2] else "reduce"
+                full = ExpertsConfig(block_m=bm, gate_up=gu_best[1], down=dn_best[1],
+                                     combine=combine)
+                us = timed(lambda j, c=full: run_experts_fp8(
+                    x, w13, w2, s13, s2, routings[j % n][0], routings[j % n][1], c,
+                    torch.bfloat16), n, use_graph, args.final_samples)
+                if best is None or us < best[0]:
+                    best = (us, full)
+                del aligns, acts
+            if best is None:
+                print(f"{name} T={t}: no fp8 config ran", flush=True)
+                report["cells"].append(cell)
+                continue
+            fp8_us, full = best
+            # pre-quantized input (the post-quant dispatch form) with the same config
+            q_us = timed(lambda j: run_experts_fp8(
+                quantize_rows_fp8(x), w13, w2, s13, s2, routings[j % n][0],
+                routings[j % n][1], full, torch.bfloat16), n, use_graph, args.final_samples)
+            bf16_us = timed(lambda j: bf16_backend.run_experts(
+                x, b13, b2, routings[j % n][0], routings[j % n][1]), n, use_graph,
+                args.final_samples)
+            # correctness on sampled rows vs DESIGN 11a's reference
+            rows = torch.randperm(t, generator=gen, device=DEV)[:32].sort().values
+            w0, ids0 = routings[0]
+            got = run_experts_fp8(x, w13, w2, s13, s2, w0, ids0, full, torch.bfloat16)[rows]
+            ref = reference_fp8_moe(x[rows], w13, s13, w2, s2, w0[rows], ids0[rows],
+                                    QuantConfig(), out_dtype=torch.bfloat16)
+            err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+            cell.update(fp8_us=fp8_us, fp8_quant_then_run_us=q_us, bf16_us=bf16_us,
+                        method="graph" if use_graph else "eager", err=err,
+                        config=full.to_json(), fp8_floor_ratio=floor8 / fp8_us,
+                        bf16_floor_ratio=floor16 / bf16_us, cell_s=time.time() - t_cell)
+            report["cells"].append(cell)
+            print(f"{name:16s} T={t:5d} {cell['method']:5s} fp8 {fp8_us:9.1f} us "
+                  f"(floor {floor8:8.1f}, {floor8 / fp8_us:.3f}) quant+fp8 {q_us:9.1f} "
+                  f"bf16 {bf16_us:9.1f} (floor/t {floor16 / bf16_us:.3f}) fp8/bf16 "
+                  f"{fp8_us / bf16_us:.3f} err {err:.2e} cfg {full.key()} "
+                  f"[{cell['cell_s']:.0f}s]", flush=True)
+            (out_dir / "fp8_sweep.json").write_text(json.dumps(report, indent=1))
+            del x, routings
+        del w13, w2, s13, s2, b13, b2
+        torch.cuda.empty_cache()
+    ok = [c for c in report["cells"] if "fp8_us" in c]
+    if ok:
+        geo = math.exp(sum(math.log(c["fp8_floor_ratio"]) for c in ok) / len(ok))
+        print(f"geomean fp8 floor/time over {len(ok)} cells: {geo:.3f}", flush=True)
+        report["geomean_fp8_floor_ratio"] = geo
+    (out_dir / "fp8_sweep.json").write_text(json.dumps(report, indent=1))
+    print(f"total {time.time() - t_start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
