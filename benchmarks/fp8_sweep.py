@@ -39,11 +39,14 @@ from moerun.backends.triton.fp8 import (GROUP, down_fp8, gate_up_fp8, quantize_r
                                         run_experts_fp8)
 from moerun.bench.ceilings import measure_ceilings
 from moerun.bench.matrix import draw_routing
-from moerun.bench.shapes import SHAPES, parse_tokens
+from moerun.bench.shapes import SHAPES, BenchShape, parse_tokens
 from moerun.bench.timing import time_graph_replay, time_samples
 from moerun.quant import FP8_DTYPE, QuantConfig, reference_fp8_moe
 
 DEV = torch.device("cuda")
+ACT = torch.bfloat16  # the activation dtype (fp16 in a CPU smoke run: bf16 is wrong there)
+#: A CPU smoke shape (run with TRITON_INTERPRET=1 --device cpu --shapes smoke).
+SMOKE = BenchShape(name="smoke", num_experts=4, top_k=2, hidden=128, intermediate=128)
 
 
 def fp8_peak(size: int = 8192, repeats: int = 10) -> dict:
@@ -77,13 +80,13 @@ def make_weights(shape, gen):
         * (h ** -0.5 / 100)
     s2 = (torch.rand(e, h // GROUP, i // GROUP, generator=gen, device=DEV) + 0.5) \
         * (i ** -0.5 / 100)
-    b13 = torch.empty(e, 2 * i, h, device=DEV, dtype=torch.bfloat16)
-    b2 = torch.empty(e, h, i, device=DEV, dtype=torch.bfloat16)
+    b13 = torch.empty(e, 2 * i, h, device=DEV, dtype=ACT)
+    b2 = torch.empty(e, h, i, device=DEV, dtype=ACT)
     for x in range(e):  # dequantize one expert at a time (no fp32 copy of the whole layer)
         b13[x] = (w13[x].float() * s13[x].repeat_interleave(GROUP, 0)
-                  .repeat_interleave(GROUP, 1)).bfloat16()
+                  .repeat_interleave(GROUP, 1)).to(ACT)
         b2[x] = (w2[x].float() * s2[x].repeat_interleave(GROUP, 0)
-                 .repeat_interleave(GROUP, 1)).bfloat16()
+                 .repeat_interleave(GROUP, 1)).to(ACT)
     return w13, w2, s13, s2, b13, b2
 
 
@@ -127,6 +130,8 @@ def down_candidates(bm, inter):
 
 
 def timed(fn, n, use_graph, samples):
+    if DEV.type == "cpu":
+        samples = 1
     if use_graph:
         return statistics.median(time_graph_replay(fn, n, samples, warmup=2)) * 1e6
     return statistics.median(time_samples(fn, DEV, samples, warmup=2)) * 1e6
@@ -141,27 +146,32 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--final-samples", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
     args = ap.parse_args()
+    global DEV, ACT
+    DEV = torch.device(args.device)
+    ACT = torch.float16 if DEV.type == "cpu" else torch.bfloat16
     t_start = time.time()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
 
-    ceil = measure_ceilings(DEV, read_bytes=2 << 30, matmul_size=8192,
-                            matmul_dtype=torch.bfloat16)
-    peaks = fp8_peak()
+    cpu = DEV.type == "cpu"
+    ceil = measure_ceilings(DEV, read_bytes=(1 << 20) if cpu else (2 << 30),
+                            matmul_size=256 if cpu else 8192, matmul_dtype=torch.bfloat16)
+    peaks = {"plain": ceil.flops, "fast": ceil.flops} if cpu else fp8_peak()
     fp8_rate = max(peaks.values())
     print(f"ceilings: {ceil.describe()}; fp8 plain {peaks['plain'] / 1e12:.1f} fast "
           f"{peaks['fast'] / 1e12:.1f} TFLOP/s", flush=True)
     report = {"ceilings": {"read_bw": ceil.read_bw, "copy_bw": ceil.copy_bw,
                            "bf16_peak": ceil.flops, "fp8_peak_plain": peaks["plain"],
                            "fp8_peak_fast": peaks["fast"]},
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "device": "cpu" if cpu else torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cells": []}
     bf16_backend = TritonExperts()
     tokens = parse_tokens(args.tokens)
     for name in args.shapes.split(","):
-        shape = SHAPES[name]
+        shape = SMOKE if name == "smoke" else SHAPES[name]
         if time.time() - t_start > args.budget_s:
             print(f"budget spent; skipping {name}", flush=True)
             continue
@@ -173,11 +183,11 @@ def main() -> None:
                 print(f"budget spent; skipping {name} T={t}", flush=True)
                 continue
             t_cell = time.time()
-            x = torch.randn(t, h, generator=gen, device=DEV, dtype=torch.bfloat16)
+            x = torch.randn(t, h, generator=gen, device=DEV, dtype=ACT)
             routings = [draw_routing(t, e, k, gen, DEV) for _ in range(args.routings)]
             hits = [int(torch.unique(ids).numel()) for _, ids in routings]
             hit = sum(hits) / len(hits)
-            use_graph = t <= 1024
+            use_graph = t <= 1024 and not cpu
             n = len(routings)
             flops = 2.0 * t * k * 3 * h * i
             scale_bytes = hit * (2 * i * h + h * i) / GROUP ** 2 * 4
@@ -190,13 +200,13 @@ def main() -> None:
             best = None
             for bm in regime(shape, t):
                 aligns = [moe_align(ids, e, bm) for _, ids in routings]
-                acts = [torch.randn(al.max_blocks * bm, i, device=DEV, dtype=torch.bfloat16)
+                acts = [torch.randn(al.max_blocks * bm, i, device=DEV, dtype=ACT)
                         for al in aligns]
                 gu_best = None
                 for cfg in gate_up_candidates(bm):
                     try:
                         us = timed(lambda j, c=cfg: gate_up_fp8(
-                            x, w13, s13, aligns[j % n], k, c, torch.bfloat16), n, use_graph,
+                            x, w13, s13, aligns[j % n], k, c, ACT), n, use_graph,
                             args.samples)
                     except Exception as exc:  # noqa: BLE001
                         cell["candidates"].append({"bm": bm, "gate_up": cfg.__dict__,
@@ -233,7 +243,7 @@ def main() -> None:
                                      combine=combine)
                 us = timed(lambda j, c=full: run_experts_fp8(
                     x, w13, w2, s13, s2, routings[j % n][0], routings[j % n][1], c,
-                    torch.bfloat16), n, use_graph, args.final_samples)
+                    ACT), n, use_graph, args.final_samples)
                 if best is None or us < best[0]:
                     best = (us, full)
                 del aligns, acts
@@ -245,16 +255,16 @@ def main() -> None:
             # pre-quantized input (the post-quant dispatch form) with the same config
             q_us = timed(lambda j: run_experts_fp8(
                 quantize_rows_fp8(x), w13, w2, s13, s2, routings[j % n][0],
-                routings[j % n][1], full, torch.bfloat16), n, use_graph, args.final_samples)
+                routings[j % n][1], full, ACT), n, use_graph, args.final_samples)
             bf16_us = timed(lambda j: bf16_backend.run_experts(
                 x, b13, b2, routings[j % n][0], routings[j % n][1]), n, use_graph,
                 args.final_samples)
             # correctness on sampled rows vs DESIGN 11a's reference
             rows = torch.randperm(t, generator=gen, device=DEV)[:32].sort().values
             w0, ids0 = routings[0]
-            got = run_experts_fp8(x, w13, w2, s13, s2, w0, ids0, full, torch.bfloat16)[rows]
+            got = run_experts_fp8(x, w13, w2, s13, s2, w0, ids0, full, ACT)[rows]
             ref = reference_fp8_moe(x[rows], w13, s13, w2, s2, w0[rows], ids0[rows],
-                                    QuantConfig(), out_dtype=torch.bfloat16)
+                                    QuantConfig(), out_dtype=ACT)
             err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
             cell.update(fp8_us=fp8_us, fp8_quant_then_run_us=q_us, bf16_us=bf16_us,
                         method="graph" if use_graph else "eager", err=err,
