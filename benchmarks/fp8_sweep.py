@@ -17,6 +17,10 @@ fp8 floor (as ``shared/peers/fp8-h200-*.json``): ``max(flops / fp8_peak, (hit * 
 scale bytes + 2*T*H*2) / BW)``; bf16 floor: ``max(flops / bf16_peak, (hit * 3*H*I*2 +
 2*T*H*2) / BW)``.
 
+History: run 4 of 2026-12-01 also timed a gate/up variant issuing one ``[BM, 2*BN]`` dot per
+K step; it won alone at BN=64 but never as the whole path (BN=128 is what lets the
+intermediate travel in fp8), so it was removed.
+
 Writes ``DIR/fp8_sweep.json`` (every candidate's time, the chosen configs, the cell rows) and
 prints a table. Stops starting new cells once ``--budget-s`` is spent.
 """
@@ -35,8 +39,8 @@ import torch
 from moerun.backends.triton.align import moe_align
 from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
 from moerun.backends.triton.experts import TritonExperts
-from moerun.backends.triton.fp8 import (GROUP, down_fp8, gate_up_fp8, quantize_rows_fp8,
-                                        run_experts_fp8)
+from moerun.backends.triton.fp8 import (GROUP, PREQUANT_BLOCK_M, down_fp8, gate_up_fp8,
+                                        quantize_rows_fp8, run_experts_fp8)
 from moerun.bench.ceilings import measure_ceilings
 from moerun.bench.matrix import draw_routing
 from moerun.bench.shapes import SHAPES, BenchShape, parse_tokens
@@ -98,21 +102,28 @@ def regime(shape, t):
         return [16]
     if tpe <= 40:
         return [32, 64]
-    if tpe <= 100:
-        return [64, 128]
-    return [128]
+    return [64, 128]
+
+
+# Register budget (run 1 of 2026-12-01: the 128x128 two-accumulator tiles spilled and ran
+# 5-10x slow): a scaled fp8 step keeps the accumulator AND the step's dot result live, so
+# accumulators x 2 x BM x BN / threads must stay <= 128 fp32 registers per thread.
+def _fits(bm, bn, warps, accs):
+    return accs * 2 * bm * bn / (32 * warps) <= 128
 
 
 def gate_up_candidates(bm):
     if bm <= 32:
         return [GateUpConfig(block_n=bn, block_k=GROUP, num_warps=4, num_stages=st)
                 for bn in (32, 64, 128) for st in (3, 4)]
-    if bm == 64:
-        return [GateUpConfig(block_n=bn, block_k=GROUP, group_m=g, num_warps=w, num_stages=3)
-                for bn, w in ((64, 4), (128, 4), (128, 8)) for g in (1, 8)]
-    return [GateUpConfig(block_n=128, block_k=GROUP, group_m=g, num_warps=8, num_stages=st)
-            for g in (4, 16) for st in (3, 4)] + [
-        GateUpConfig(block_n=64, block_k=GROUP, group_m=8, num_warps=4, num_stages=4)]
+    out = []
+    for bn in (32, 64, 128):
+        for w in (4, 8):
+            if _fits(bm, bn, w, 2) and (bm * bn) >= 64 * 64:
+                for st in (2, 3):
+                    out.append(GateUpConfig(block_n=bn, block_k=GROUP, group_m=8,
+                                            num_warps=w, num_stages=st))
+    return out
 
 
 def down_candidates(bm, inter):
@@ -121,12 +132,14 @@ def down_candidates(bm, inter):
     if bm <= 32:
         return [DownConfig(block_n=bn, block_k=GROUP, split_k=s, num_warps=4, num_stages=3)
                 for bn in (64, 128) for s in splits]
-    if bm == 64:
-        return [DownConfig(block_n=bn, block_k=GROUP, split_k=s, num_warps=w, num_stages=3)
-                for bn, w in ((64, 4), (128, 4), (128, 8)) for s in splits[:2]]
-    return [DownConfig(block_n=128, block_k=GROUP, group_m=g, num_warps=8, num_stages=st)
-            for g in (4, 16) for st in (3, 4)] + [
-        DownConfig(block_n=256, block_k=GROUP, group_m=8, num_warps=8, num_stages=3)]
+    out = []
+    for bn in (64, 128, 256):
+        for w in (4, 8):
+            if _fits(bm, bn, w, 1) and bm * bn >= 64 * 128:
+                for st in (2, 3):
+                    out.append(DownConfig(block_n=bn, block_k=GROUP, group_m=8, num_warps=w,
+                                          num_stages=st))
+    return out
 
 
 def timed(fn, n, use_graph, samples):
@@ -199,59 +212,75 @@ def main() -> None:
                     "floor_bf16_us": floor16, "candidates": []}
             best = None
             for bm in regime(shape, t):
+                prefill = bm >= PREQUANT_BLOCK_M
+                xin = quantize_rows_fp8(x) if prefill else x
                 aligns = [moe_align(ids, e, bm) for _, ids in routings]
                 acts = [torch.randn(al.max_blocks * bm, i, device=DEV, dtype=ACT)
                         for al in aligns]
-                gu_best = None
+                acts8 = [quantize_rows_fp8(a) for a in acts] if prefill else None
+                gu_best = {}  # fp8_out -> (us, cfg, one_dot)
                 for cfg in gate_up_candidates(bm):
-                    try:
-                        us = timed(lambda j, c=cfg: gate_up_fp8(
-                            x, w13, s13, aligns[j % n], k, c, ACT), n, use_graph,
-                            args.samples)
-                    except Exception as exc:  # noqa: BLE001
+                    f8 = prefill and cfg.block_n == GROUP
+                    for one in (False,):
+                        try:
+                            us = timed(lambda j, c=cfg, f8=f8, one=one: gate_up_fp8(
+                                xin, w13, s13, aligns[j % n], k, c, ACT, fp8_out=f8), n,
+                                use_graph, args.samples)
+                        except Exception as exc:  # noqa: BLE001
+                            cell["candidates"].append({"bm": bm, "gate_up": cfg.__dict__,
+                                                       "one_dot": one,
+                                                       "error": str(exc)[:200]})
+                            continue
                         cell["candidates"].append({"bm": bm, "gate_up": cfg.__dict__,
-                                                   "error": str(exc)[:200]})
-                        continue
-                    cell["candidates"].append({"bm": bm, "gate_up": cfg.__dict__, "us": us})
-                    if gu_best is None or us < gu_best[0]:
-                        gu_best = (us, cfg)
-                dn_best = None
+                                                   "us": us, "fp8_out": f8, "one_dot": one})
+                        if f8 not in gu_best or us < gu_best[f8][0]:
+                            gu_best[f8] = (us, cfg, one)
+                dn_best = {}  # fp8 act -> (us, cfg, atomic)
                 for cfg in down_candidates(bm, i):
-                    atomic = cfg.split_k > 1 or bm <= 64
+                    atomic = cfg.split_k > 1 or bm <= 32
                     accs = [torch.zeros(t, h, device=DEV) for _ in range(n)] if atomic else None
+                    for f8 in ((False, True) if True in gu_best else (False,)):
+                        src = acts8 if f8 else acts
 
-                    def run_down(j, c=cfg, atomic=atomic, accs=accs):
-                        w, _ = routings[j % n]
-                        if atomic:
-                            return down_fp8(acts[j % n], w2, s2, aligns[j % n], w, k, c,
-                                            atomic_out=accs[j % n])
-                        return down_fp8(acts[j % n], w2, s2, aligns[j % n], w, k, c)
-                    try:
-                        us = timed(run_down, n, use_graph, args.samples)
-                    except Exception as exc:  # noqa: BLE001
-                        cell["candidates"].append({"bm": bm, "down": cfg.__dict__,
-                                                   "error": str(exc)[:200]})
-                        continue
-                    cell["candidates"].append({"bm": bm, "down": cfg.__dict__, "us": us,
-                                               "atomic": atomic})
-                    if dn_best is None or us < dn_best[0]:
-                        dn_best = (us, cfg, atomic)
-                if gu_best is None or dn_best is None:
+                        def run_down(j, c=cfg, atomic=atomic, accs=accs, src=src):
+                            w, _ = routings[j % n]
+                            if atomic:
+                                return down_fp8(src[j % n], w2, s2, aligns[j % n], w, k, c,
+                                                atomic_out=accs[j % n])
+                            return down_fp8(src[j % n], w2, s2, aligns[j % n], w, k, c,
+                                            out_dtype=ACT)
+                        try:
+                            us = timed(run_down, n, use_graph, args.samples)
+                        except Exception as exc:  # noqa: BLE001
+                            cell["candidates"].append({"bm": bm, "down": cfg.__dict__,
+                                                       "error": str(exc)[:200]})
+                            continue
+                        cell["candidates"].append({"bm": bm, "down": cfg.__dict__, "us": us,
+                                                   "atomic": atomic, "fp8_act": f8})
+                        if f8 not in dn_best or us < dn_best[f8][0]:
+                            dn_best[f8] = (us, cfg, atomic)
+                pairs = [(gu_best[f][0] + dn_best[f][0], gu_best[f][1], dn_best[f],
+                          gu_best[f][2]) for f in gu_best if f in dn_best]
+                if not pairs:
                     continue
-                combine = "atomic" if dn_best[2] else "reduce"
-                full = ExpertsConfig(block_m=bm, gate_up=gu_best[1], down=dn_best[1],
-                                     combine=combine)
+                _, gu_cfg, dn, one = min(pairs, key=lambda p: p[0])
+                cell["one_dot"] = one
+                full = ExpertsConfig(block_m=bm, gate_up=gu_cfg, down=dn[1],
+                                     combine="atomic" if dn[2] else "reduce")
                 us = timed(lambda j, c=full: run_experts_fp8(
                     x, w13, w2, s13, s2, routings[j % n][0], routings[j % n][1], c,
                     ACT), n, use_graph, args.final_samples)
+                cell.setdefault("full", []).append({"bm": bm, "us": us, "one_dot": one,
+                                                    "config": full.to_json()})
                 if best is None or us < best[0]:
-                    best = (us, full)
-                del aligns, acts
+                    best = (us, full, one)
+                del aligns, acts, acts8
             if best is None:
                 print(f"{name} T={t}: no fp8 config ran", flush=True)
                 report["cells"].append(cell)
                 continue
-            fp8_us, full = best
+            fp8_us, full, one = best
+            cell["one_dot"] = one
             # pre-quantized input (the post-quant dispatch form) with the same config
             q_us = timed(lambda j: run_experts_fp8(
                 quantize_rows_fp8(x), w13, w2, s13, s2, routings[j % n][0],

@@ -96,6 +96,13 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
         ("reduce-bm32-groupm2", 21, 2, 3, 256, 128, ExpertsConfig(
             block_m=32, gate_up=GateUpConfig(block_n=128, block_k=128, group_m=2),
             down=DownConfig(block_n=64, block_k=128, group_m=2), combine="reduce")),
+        # block_m >= 64: x quantized by its own kernel first; gate/up n=128 writes fp8 act
+        ("prefill-fp8-act", 40, 2, 3, 256, 256, ExpertsConfig(
+            block_m=64, gate_up=GateUpConfig(block_n=128, block_k=128, group_m=2),
+            down=DownConfig(block_n=64, block_k=128), combine="reduce")),
+        ("prefill-bf16-act-atomic", 40, 2, 3, 256, 384, ExpertsConfig(
+            block_m=64, gate_up=GateUpConfig(block_n=64, block_k=128),
+            down=DownConfig(block_n=128, block_k=128, split_k=3), combine="atomic")),
         ("topk1-one-slot", 4, 1, 1, 128, 128, ExpertsConfig(
             block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
             down=DownConfig(block_n=64, block_k=128), combine="reduce")),
@@ -164,7 +171,7 @@ def test_quantize_kernel_equals_torch_definition(report):
 
 def test_fp8_experts_match_reference(report):
     rows = _rows(report, "experts")
-    assert len(rows) == 16
+    assert len(rows) == 24
     for r in rows:
         # the same math as the reference up to summation order (fp16: and the rounding of
         # the fp32 sums to fp16)
@@ -184,8 +191,10 @@ def test_fp8_kernel_errors_name_the_argument(report):
 # ---------------------------------------------------------------- CUDA
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("combine,split", [("atomic", 1), ("atomic", 2), ("reduce", 1)])
-def test_fp8_kernels_on_cuda(combine, split):
+@pytest.mark.parametrize("bm,gu_n,combine,split", [
+    (16, 64, "atomic", 1), (16, 64, "atomic", 2), (64, 64, "reduce", 1),
+    (64, 128, "atomic", 1), (128, 128, "reduce", 1)])
+def test_fp8_kernels_on_cuda(bm, gu_n, combine, split):
     from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
     from moerun.backends.triton.fp8 import quantize_rows_fp8, run_experts_fp8
     from moerun.quant import QuantConfig, dequantize_weight_blocks, quantize_rows, \
@@ -196,8 +205,9 @@ def test_fp8_kernels_on_cuda(combine, split):
     a, b = quantize_rows_fp8(xb), quantize_rows(xb)
     assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
     assert torch.equal(a.scale, b.scale)
-    cfg = ExpertsConfig(block_m=16 if combine == "atomic" else 64,
-                        gate_up=GateUpConfig(block_n=64, block_k=128, num_stages=3),
+    cfg = ExpertsConfig(block_m=bm,
+                        gate_up=GateUpConfig(block_n=gu_n, block_k=128, num_stages=3,
+                                             num_warps=8 if bm > 64 else 4),
                         down=DownConfig(block_n=64, block_k=128, split_k=split, num_stages=3),
                         combine=combine)
     ref = reference_fp8_moe(xb, w13, s13, w2, s2, weights, ids, QuantConfig(),

@@ -25,8 +25,6 @@ No host sync, current stream, capturable (the alignment and combine are the bf16
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -34,13 +32,14 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
 from moerun.backends.triton.align import Alignment
-from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+from moerun.backends.triton.configs import (NUM_SMS_DEFAULT, DownConfig, ExpertsConfig,
+                                            GateUpConfig)
 from moerun.backends.triton.gate_up import grouped_pid
 from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
 
 patch_interpreter()
 
-__all__ = ["GROUP", "quantize_rows_fp8", "gate_up_fp8", "down_fp8", "fp8_config",
+__all__ = ["GROUP", "quantize_rows_fp8", "gate_up_fp8", "down_fp8", "fp8_default_config",
            "run_experts_fp8"]
 
 #: The quantization group and the K tile of both GEMMs.
@@ -55,6 +54,16 @@ def _quantize_tile(xf, EPS: tl.constexpr, QMAX: tl.constexpr):
     scale = tl.maximum(amax, EPS) / QMAX
     q = tl.minimum(tl.maximum(xf / scale[:, None], -QMAX), QMAX)
     return q.to(tl.float8e4nv), scale
+
+
+@triton.jit
+def _round_to(v, MID: tl.constexpr):
+    """fp32 rounded to the activation dtype (``MID``: 0 fp32, 1 fp16, 2 bf16), kept fp32."""
+    if MID == 1:
+        v = v.to(tl.float16).to(tl.float32)
+    elif MID == 2:
+        v = v.to(tl.bfloat16).to(tl.float32)
+    return v
 
 
 @triton.jit
@@ -80,12 +89,15 @@ def _gate_up_fp8_kernel(
     xs_ptr,  # [M, H/G] fp32 (read iff A_FP8)
     w_ptr,  # [S, 2I, H] e4m3
     ws_ptr,  # [S, 2I/G, H/G] fp32
-    act_ptr,  # [R, I] out, the activation dtype
+    act_ptr,  # [R, I] out: e4m3 (OUT_FP8) or the activation dtype
+    acts_ptr,  # [R, I/G] fp32 out (written iff OUT_FP8)
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
     num_pairs, inter, hidden, max_blocks,
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_am,
+    stride_asm,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
-    GROUP_M: tl.constexpr, A_FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
+    GROUP_M: tl.constexpr, A_FP8: tl.constexpr, OUT_FP8: tl.constexpr, MID: tl.constexpr,
+    EPS: tl.constexpr, QMAX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
@@ -130,21 +142,28 @@ def _gate_up_fp8_kernel(
 
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
-    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
+    if OUT_FP8:  # BLOCK_N == G: this tile is one group of each row; round like the bf16 path
+        act = _round_to(act, MID)
+        q, a_scale = _quantize_tile(act, EPS, QMAX)
+        tl.store(out_ptrs, q)
+        tl.store(acts_ptr + offs_m.to(tl.int64) * stride_asm + pid_n, a_scale)
+    else:
+        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _down_fp8_kernel(
-    act_ptr,  # [R, I] the activation dtype
+    act_ptr,  # [R, I] e4m3 (A_FP8) or the activation dtype
+    acts_ptr,  # [R, I/G] fp32 (read iff A_FP8)
     w_ptr,  # [S, H, I] e4m3
     ws_ptr,  # [S, H/G, I/G] fp32
     out_ptr,  # ATOMIC: [M, H] fp32; else [M*K, H]
     topk_weights_ptr,  # [M*K] fp32
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
     num_pairs, hidden, inter, max_blocks,
-    stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, A_FP8: tl.constexpr,
     EPS: tl.constexpr, QMAX: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -162,11 +181,16 @@ def _down_fp8_kernel(
     b_ptrs = w_ptr + expert * stride_we + offs_nw[None, :].to(tl.int64) * stride_wn \
         + offs_k[:, None]
     bs_ptrs = ws_ptr + expert * stride_wse + (offs_nw // G) * stride_wsn + pid_k
+    as_ptrs = acts_ptr + offs_m.to(tl.int64) * stride_asm + pid_k
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, inter // (G * SPLIT_K)):
-        af = tl.load(a_ptrs).to(tl.float32)
-        a, a_s = _quantize_tile(af, EPS, QMAX)
+        if A_FP8:
+            a = tl.load(a_ptrs)
+            a_s = tl.load(as_ptrs + k * SPLIT_K)
+        else:
+            af = tl.load(a_ptrs).to(tl.float32)
+            a, a_s = _quantize_tile(af, EPS, QMAX)
         b = tl.load(b_ptrs)
         b_s = tl.load(bs_ptrs + k * SPLIT_K)
         acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
@@ -193,19 +217,40 @@ _DOWN = FastLauncher(_down_fp8_kernel)
 
 
 # ---------------------------------------------------------------- configs
-def fp8_config(cfg: ExpertsConfig, inter: int) -> ExpertsConfig:
-    """The fp8 form of a (bf16) bucket config: both K tiles become ``G`` (one scale group per
-    step), split-K only where it divides ``I`` in whole groups, one more pipeline stage
-    where the halved operand bytes leave room. Pure host arithmetic."""
-    gu, dn = cfg.gate_up, cfg.down
-    gu8 = GateUpConfig(block_n=gu.block_n, block_k=GROUP, group_m=gu.group_m,
-                       num_warps=gu.num_warps, num_stages=gu.num_stages)
-    split = dn.split_k
-    while split > 1 and inter % (GROUP * split):
-        split //= 2
-    dn8 = DownConfig(block_n=dn.block_n, block_k=GROUP, group_m=dn.group_m, split_k=split,
-                     num_warps=dn.num_warps, num_stages=dn.num_stages)
-    return dataclasses.replace(cfg, gate_up=gu8, down=dn8)
+def fp8_default_config(num_slots: int, inter: int, hidden: int, num_tokens: int,
+                       top_k: int, num_sms: int = NUM_SMS_DEFAULT) -> ExpertsConfig:
+    """Heuristic fp8 config for a shape no tuned fp8 file covers (pure host arithmetic).
+
+    From the H200 sweeps of 2026-12-01 (``benchmarks/fp8_sweep.py``, raw in
+    ``benchmarks/fp8-sweep-h200-2026-12-01-run*.json``): a scaled fp8 K step keeps the
+    accumulator *and* the step's dot result in registers, so tiles are sized to
+    ``accumulators * 2 * BM * BN / threads <= 128`` (128 x 128 two-accumulator tiles spilled
+    and ran 5-10x slow).
+
+    * memory-bound (<= 12 rows per hit expert): ``block_m`` 16, gate/up 64 or 128 columns,
+      down 128 columns with split-K until the programs cover the SMs twice, atomic combine;
+    * otherwise ``block_m`` 64, gate/up 128 columns x 8 warps (its epilogue writes the
+      intermediate in fp8), down 128 columns x 4 warps, reduce combine.
+    """
+    pairs = max(1, num_tokens * top_k)
+    hit = min(num_slots, pairs)
+    if pairs / hit <= 12:
+        gu_bn = 128 if hit * (inter // 128) >= num_sms else 64
+        split = 1
+        while hit * (hidden // 128) * split < 2 * num_sms and split < 4 and \
+                (inter // GROUP) % (2 * split) == 0:
+            split *= 2
+        return ExpertsConfig(
+            block_m=16,
+            gate_up=GateUpConfig(block_n=gu_bn, block_k=GROUP, num_warps=4, num_stages=4),
+            down=DownConfig(block_n=128, block_k=GROUP, split_k=split, num_warps=4,
+                            num_stages=3),
+            combine="atomic")
+    return ExpertsConfig(
+        block_m=64,
+        gate_up=GateUpConfig(block_n=128, block_k=GROUP, group_m=8, num_warps=8, num_stages=3),
+        down=DownConfig(block_n=128, block_k=GROUP, group_m=8, num_warps=4, num_stages=3),
+        combine="reduce")
 
 
 def _check_groups(name: str, size: int) -> None:
@@ -231,9 +276,13 @@ def quantize_rows_fp8(x: torch.Tensor) -> QuantizedRows:
     return QuantizedRows(data=q, scale=s, group=GROUP)
 
 
+_MID = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+
 def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: torch.Tensor,
-                align: Alignment, top_k: int, cfg: GateUpConfig, out_dtype: torch.dtype,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                align: Alignment, top_k: int, cfg: GateUpConfig, out_dtype: torch.dtype, *,
+                fp8_out: bool = False) -> torch.Tensor | QuantizedRows:
     """``act[r] = silu(x W_g^T) * (x W_u^T)`` per aligned row with fp8 block-scaled GEMMs.
 
     Args:
@@ -241,11 +290,14 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
             fp32/fp16/bf16 (quantized in registers, identically).
         w13: ``[S, 2I, H]`` e4m3, last dim contiguous; ``w13_scale [S, 2I/128, H/128]`` fp32.
         align: from ``moe_align`` with ``M*K`` pairs; ``top_k``: ``K``.
-        cfg: tile (``block_k`` is ignored: always 128); ``out_dtype``: the ``act`` dtype.
-        out: optional ``[max_blocks*BM, I]`` buffer.
+        cfg: tile (``block_k`` is ignored: always 128); ``out_dtype``: the activation dtype.
+        fp8_out: write ``act`` already quantized (needs ``cfg.block_n == 128``: one tile is
+            one group of each row); the values are rounded to ``out_dtype`` first, so the
+            codes equal quantizing the ``out_dtype`` result.
 
-    Returns ``act [max_blocks*BM, I]`` in aligned row order. One launch; current stream; no
-    host sync.
+    Returns ``act [max_blocks*BM, I]`` in ``out_dtype``, or as :class:`QuantizedRows` with
+    ``fp8_out``; rows in aligned order (rows of unused blocks unwritten). One launch;
+    current stream; no host sync.
     """
     a_fp8 = isinstance(x, QuantizedRows)
     xd = x.data if a_fp8 else x
@@ -266,46 +318,57 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
         raise ValueError("x and w13_scale need a contiguous last dimension")
     if align.num_pairs != m * top_k:
         raise ValueError(f"alignment covers {align.num_pairs} pairs, expected {m}*{top_k}")
+    if out_dtype not in _MID:
+        raise ValueError(f"out_dtype={out_dtype}: use fp32, fp16 or bf16")
+    if fp8_out and cfg.block_n != GROUP:
+        raise ValueError(f"fp8_out needs cfg.block_n == {GROUP}, got {cfg.block_n}")
     rows = align.max_blocks * align.block_m
-    if out is None:
-        out = torch.empty(rows, inter, dtype=out_dtype, device=xd.device)
-    elif out.shape != (rows, inter) or out.dtype != out_dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{rows}, {inter}] {out_dtype}")
+    out = torch.empty(rows, inter, dtype=FP8_DTYPE if fp8_out else out_dtype,
+                      device=xd.device)
+    scale = torch.empty(rows, inter // GROUP, dtype=torch.float32, device=xd.device) \
+        if fp8_out else out
     grid = (align.max_blocks * cdiv(inter, cfg.block_n),)
     _GATE_UP(
         grid,
-        xd, xs, w13, w13_scale, out, align.sorted_ids, align.expert_ids, align.num_post,
+        xd, xs, w13, w13_scale, out, scale, align.sorted_ids, align.expert_ids,
+        align.num_post,
         align.num_pairs, inter, h, align.max_blocks,
         xd.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0),
-        w13_scale.stride(1), out.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, A_FP8, EPS, QMAX
-        top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, a_fp8, AMAX_EPS, FP8_MAX,
+        w13_scale.stride(1), out.stride(0), scale.stride(0),
+        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, A_FP8, OUT_FP8, MID, EPS, QMAX
+        top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, a_fp8, fp8_out,
+        _MID[out_dtype], AMAX_EPS, FP8_MAX,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out
+    return QuantizedRows(data=out, scale=scale, group=GROUP) if fp8_out else out
 
 
-def down_fp8(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, align: Alignment,
-             topk_weights: torch.Tensor, top_k: int, cfg: DownConfig, *,
-             atomic_out: torch.Tensor | None = None,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """Weighted fp8 down projection of the aligned rows; ``act`` is re-quantized per row and
-    128-column group as it is loaded.
+def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torch.Tensor,
+             align: Alignment, topk_weights: torch.Tensor, top_k: int, cfg: DownConfig, *,
+             out_dtype: torch.dtype | None = None,
+             atomic_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted fp8 down projection of the aligned rows.
 
     Args:
-        act: ``[max_blocks*BM, I]`` from :func:`gate_up_fp8`.
+        act: ``[max_blocks*BM, I]`` from :func:`gate_up_fp8`: in the activation dtype
+            (re-quantized per row and 128-column group in registers as it is loaded), or
+            :class:`QuantizedRows` (already quantized by the gate/up epilogue).
         w2: ``[S, H, I]`` e4m3; ``w2_scale [S, H/128, I/128]`` fp32.
         align, topk_weights (``[M, K]`` fp32 contiguous), top_k: as ``down.down``.
         cfg: tile (``block_k`` ignored: 128); ``split_k`` must divide ``I/128`` and needs
             ``atomic_out``.
-        atomic_out: a zeroed fp32 ``[M, H]`` accumulator; else ``out``/new ``[M*K, H]`` rows
-            in ``act.dtype``.
+        out_dtype: dtype of the per-pair rows (default ``act.dtype``; required for
+            :class:`QuantizedRows` without ``atomic_out``).
+        atomic_out: a zeroed fp32 ``[M, H]`` accumulator; else new ``[M*K, H]`` rows.
 
     Returns ``atomic_out`` or ``y [M*K, H]``. One launch; current stream; no host sync.
     """
-    rows, inter = act.shape
+    a_fp8 = isinstance(act, QuantizedRows)
+    ad = act.data if a_fp8 else act
+    asc = act.scale if a_fp8 else ad  # unread when not a_fp8
+    rows, inter = ad.shape
     s, h, i2 = w2.shape
-    if i2 != inter or w2.dtype != FP8_DTYPE or w2.stride(2) != 1 or act.stride(1) != 1:
+    if i2 != inter or w2.dtype != FP8_DTYPE or w2.stride(2) != 1 or ad.stride(1) != 1:
         raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} must be [S, H, {inter}] "
                          f"{FP8_DTYPE}; act and w2 need a contiguous last dimension")
     _check_groups("H", h)
@@ -329,28 +392,35 @@ def down_fp8(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, align:
             raise ValueError(f"atomic_out must be a contiguous fp32 [{m}, {h}] tensor")
         dst = atomic_out
     else:
-        if out is None:
-            out = torch.empty(align.num_pairs, h, dtype=act.dtype, device=act.device)
-        elif out.shape != (align.num_pairs, h) or out.dtype != act.dtype or out.stride(1) != 1:
-            raise ValueError(f"out must be [{align.num_pairs}, {h}] {act.dtype}")
-        dst = out
+        dtype = out_dtype or (None if a_fp8 else ad.dtype)
+        if dtype is None:
+            raise ValueError("down_fp8 of QuantizedRows needs out_dtype or atomic_out")
+        dst = torch.empty(align.num_pairs, h, dtype=dtype, device=ad.device)
     grid = (align.max_blocks * cdiv(h, cfg.block_n), split)
     _DOWN(
         grid,
-        act, w2, w2_scale, dst, topk_weights, align.sorted_ids, align.expert_ids,
+        ad, asc, w2, w2_scale, dst, topk_weights, align.sorted_ids, align.expert_ids,
         align.num_post,
         align.num_pairs, h, inter, align.max_blocks,
-        act.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
-        dst.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, SPLIT_K, ATOMIC, EPS, QMAX
+        ad.stride(0), asc.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0),
+        w2_scale.stride(1), dst.stride(0),
+        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, SPLIT_K, ATOMIC, A_FP8, EPS, QMAX
         top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, split, atomic_out is not None,
-        AMAX_EPS, FP8_MAX,
+        a_fp8, AMAX_EPS, FP8_MAX,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dst
 
 
 # ---------------------------------------------------------------- the whole expert path
+#: From this ``block_m`` on (the compute-bound buckets) the activations are quantized by
+#: one kernel before the gate/up GEMM instead of in registers per N tile, and the gate/up
+#: epilogue writes the intermediate in fp8 when its tile is one group wide: measured on the
+#: H200 (``benchmarks/fp8_sweep.py`` runs of 2026-12-01), re-quantizing the same rows in
+#: every N tile cost up to 30 % at T = 8192.
+PREQUANT_BLOCK_M = 64
+
+
 def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
                     w13_scale: torch.Tensor, w2_scale: torch.Tensor,
                     topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -358,8 +428,10 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     """``out[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` with the fp8 GEMMs.
 
     ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights [M, K]`` fp32
-    contiguous, ``cfg`` an fp8 config (:func:`fp8_config`). Returns ``[M, H]`` in
-    ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum); no host sync.
+    contiguous, ``cfg`` an fp8 config (e.g. :func:`fp8_default_config`). Returns ``[M, H]`` in
+    ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum), plus the activation
+    quantization for an unquantized ``x`` when ``cfg.block_m >= PREQUANT_BLOCK_M``; no
+    host sync.
     """
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
@@ -368,12 +440,16 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     m, h = xd.shape
     s = w13.shape[0]
     k = topk_ids.shape[1]
+    prefill = cfg.block_m >= PREQUANT_BLOCK_M
+    if prefill and not isinstance(x, QuantizedRows):
+        x = quantize_rows_fp8(x)
     atomic = cfg.combine == "atomic"
     acc = torch.empty(m, h, dtype=torch.float32, device=xd.device) if atomic else None
     align = moe_align(topk_ids, s, cfg.block_m, zero=acc)
-    act = gate_up_fp8(x, w13, w13_scale, align, k, cfg.gate_up, out_dtype)
+    act = gate_up_fp8(x, w13, w13_scale, align, k, cfg.gate_up, out_dtype,
+                      fp8_out=prefill and cfg.gate_up.block_n == GROUP)
     if atomic:
         down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, atomic_out=acc)
         return acc if out_dtype == torch.float32 else acc.to(out_dtype)
-    y = down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down)
+    y = down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, out_dtype=out_dtype)
     return moe_sum(y, topk_ids, s)
