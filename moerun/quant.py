@@ -157,7 +157,7 @@ def quantize_rows(x: torch.Tensor, group: int = 128) -> QuantizedRows:
     xg, pad = _groups(x, group)
     scale = xg.abs().amax(dim=-1).clamp(min=AMAX_EPS) / FP8_MAX  # [M, G]
     q = (xg / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    q = q.reshape(x.shape[0], -1)
+    q = q.reshape(x.shape[0], xg.shape[-2] * group)  # explicit: M may be 0
     if pad:
         q = q[:, : x.shape[1]].contiguous()
     return QuantizedRows(data=q, scale=scale.contiguous(), group=group)
