@@ -205,3 +205,31 @@ def test_patch_model_with_fp8_experts_and_to_bf16():
     with torch.no_grad():
         out16 = model(ids).logits
     assert rel_err(out16, want) < TOL_FP8_UNQUANTIZED
+
+
+def test_fp8_checkpoint_items_carry_the_scales(tmp_path):
+    from safetensors.torch import save_file
+
+    from moerun import ConfigurableMoE
+    from moerun.hf_checkpoint import checkpoint_expert_items
+    from tests.moe_cases import make_case
+
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128,
+                    quant=QuantConfig())
+    c = make_case(cfg, 1, seed=0)
+    tensors = {}
+    for e in range(4):  # the per-expert keys of a DeepSeek-V3 FP8 checkpoint
+        p = f"model.layers.0.mlp.experts.{e}."
+        for name, w, s in (("gate_proj", c.w13[e, :128], c.w13_scale[e, :1]),
+                           ("up_proj", c.w13[e, 128:], c.w13_scale[e, 1:]),
+                           ("down_proj", c.w2[e], c.w2_scale[e])):
+            tensors[p + name + ".weight"] = w.contiguous()
+            tensors[p + name + ".weight_scale_inv"] = s.contiguous()
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    with ConfigurableMoE(cfg) as layer:
+        assert layer.load_expert_weights(
+            checkpoint_expert_items(path, "model.layers.0.mlp.experts.")) == 24
+        assert torch.equal(layer.w13.view(torch.uint8), c.w13.view(torch.uint8))
+        assert torch.equal(layer.w13_scale, c.w13_scale)
+        assert torch.equal(layer.w2_scale, c.w2_scale)
