@@ -343,3 +343,17 @@ def test_fused_experts_fp8():
                                                w2_scale=c.w2_scale[:, :, 0],
                                                out_dtype=torch.float32))
     assert isinstance(q, QuantizedRows)
+
+
+def test_readme_fp8_snippet_runs(capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## FP8 experts", 1)[1].split("\n## ", 1)[0]
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    namespace: dict = {}
+    exec(compile(snippet, "README.md:fp8", "exec"), namespace)
+    assert namespace["out"].shape == (namespace["T"], namespace["H"])
+    assert namespace["layer"].closed
+    assert capsys.readouterr().out.strip() == "reference torch.bfloat16"
