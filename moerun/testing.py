@@ -82,12 +82,14 @@ def shared_reference(x: torch.Tensor, shared: dict) -> torch.Tensor:
 
 def reference_output(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
     """Unsharded fp64 reference for the whole global batch: ``[T_total, H]`` fp64. For an
-    FP8 config: :func:`moerun.quant.reference_fp8_moe` (computed in fp32) plus the fp64
-    shared expert."""
+    FP8 config: :func:`moerun.quant.reference_fp8_moe` (fp32 accumulation, returned in
+    ``cfg.dtype``) plus the fp64 shared expert."""
     routed = route(case.logits, top_k=cfg.top_k, config=cfg.routing, correction_bias=case.bias)
     if cfg.quant is not None:
+        # out_dtype = the activation dtype, as the layer returns it
         out = reference_fp8_moe(case.x, case.w13, case.w13_scale, case.w2, case.w2_scale,
-                                routed.topk_weights, routed.topk_ids, cfg.quant).double()
+                                routed.topk_weights, routed.topk_ids, cfg.quant,
+                                out_dtype=cfg.dtype).double()
         if case.shared is not None:
             out = out + shared_reference(case.x, case.shared)
         return out
