@@ -7,7 +7,9 @@ Migration plan (pure function of the old and new ``phy2log`` rows, identical on 
 for each slot ``s`` whose expert changes to ``e``, the source is a slot on ``s``'s own rank
 that held ``e`` before (a local copy) if there is one, else the lowest slot holding ``e``
 (a point-to-point send). Sends read the old weights before any slot is overwritten; weights
-and maps are then written in place with ``copy_`` (tensor identities never change).
+and maps are then written in place with ``copy_`` (tensor identities never change). A slot
+travels as the bytes of all its tensors: ``w13``, ``w2`` and, for an FP8 layer, their block
+scales ``w13_scale`` / ``w2_scale`` (so weights and scales always move together).
 """
 
 from __future__ import annotations
@@ -118,12 +120,16 @@ def _rebalance_layer(handle: Any, layer: Any, cursor: Any) -> MigrationStats | N
     plan = plan_migration(old.tolist(), new.tolist(), cfg.slots_per_rank)
     rank = layer.mapping.rank
     lo = layer.slot_start
-    w13, w2 = layer.w13, layer.w2
+    w13 = layer.w13
+    # every per-slot tensor moves together: weights, and an FP8 layer's block scales
+    tensors = [t for t in (layer.w13, layer.w2, getattr(layer, "w13_scale", None),
+                           getattr(layer, "w2_scale", None)) if t is not None]
+    sizes = [t[0].numel() * t.element_size() for t in tensors]  # bytes of one slot
 
     def packed(slot: int) -> torch.Tensor:
-        return torch.cat([w13[slot - lo].reshape(-1), w2[slot - lo].reshape(-1)])
+        """One slot's tensors as one ``uint8`` vector (dtype-agnostic: fp8 and fp32 too)."""
+        return torch.cat([t[slot - lo].reshape(-1).view(torch.uint8) for t in tensors])
 
-    numel13 = w13[0].numel()
     sends, recvs, local = [], [], []
     for dest, src in plan.moves:
         d_rank, s_rank = plan.rank_of(dest), plan.rank_of(src)
@@ -132,14 +138,16 @@ def _rebalance_layer(handle: Any, layer: Any, cursor: Any) -> MigrationStats | N
         elif s_rank == rank:
             sends.append((packed(src).contiguous(), d_rank, dest))
         elif d_rank == rank:
-            buf = torch.empty(numel13 + w2[0].numel(), dtype=w13.dtype, device=w13.device)
+            buf = torch.empty(sum(sizes), dtype=torch.uint8, device=w13.device)
             recvs.append((buf, s_rank, dest))
     if distributed:
         comm.batch_p2p(sends, recvs, phase="eplb.migrate", cursor=cursor).wait()
     with torch.no_grad():
         for dest, buf in local + [(dest, buf) for buf, _, dest in recvs]:
-            w13[dest - lo].copy_(buf[:numel13].view_as(w13[0]))
-            w2[dest - lo].copy_(buf[numel13:].view_as(w2[0]))
+            off = 0
+            for t, size in zip(tensors, sizes):
+                t[dest - lo].copy_(buf[off:off + size].view(t.dtype).view_as(t[0]))
+                off += size
         owner.phy2log[lid].copy_(placement.phy2log[0])
         width = owner.log2phy.shape[2]
         owner.log2phy[lid].fill_(-1)
@@ -150,7 +158,7 @@ def _rebalance_layer(handle: Any, layer: Any, cursor: Any) -> MigrationStats | N
         event = torch.cuda.Event()
         event.record()
         handle.set_migration_event(event)
-    per_slot = (numel13 + w2[0].numel()) * w13.element_size()
+    per_slot = sum(sizes)
     return MigrationStats(layer=lid, step=handle.model_step(), slots_changed=len(plan.moves),
                           bytes_moved=len(plan.moves) * per_slot,
                           full_reload_bytes=cfg.num_slots * per_slot,

@@ -49,8 +49,18 @@ Llama 4 with ``num_experts_per_tok != 1``; MiniMax-M2 ``shared_intermediate_size
 Not read (they do not change one layer's function): which layers are MoE
 (``first_k_dense_replace``, ``moe_layer_freq``, ``decoder_sparse_step``, ``mlp_only_layers``,
 ``moe_layers``, ``interleave_moe_layer_step``), training-only fields (``router_jitter_noise``,
-``router_aux_loss_coef``, ``aux_loss_alpha``), and ``quantization_config`` (moerun's weights are
-float: load dequantized weights).
+``router_aux_loss_coef``, ``aux_loss_alpha``).
+
+``quantization_config`` (issue 12): ``quant_method: "fp8"`` with ``weight_block_size:
+[bn, bk]`` and ``activation_scheme: "dynamic"`` (the DeepSeek-V3 / Qwen3-FP8 layout,
+transformers' ``FineGrainedFP8Config``) maps to ``quant=QuantConfig(weight_block=(bn, bk),
+act_group=bk)``; with ``dequantize: true`` transformers loads float weights, so it maps to
+``quant=None``. Refused with a ``ValueError`` naming the field: any other ``quant_method``
+(awq, gptq, bitsandbytes, mxfp4, compressed-tensors, ...), a missing or malformed
+``weight_block_size`` (per-tensor FP8), ``activation_scheme: "static"``, ``scale_fmt`` other
+than ``"float"`` (ue8m0 scales), ``expert_dtype`` other than ``"fp8"`` (DeepSeek-V4's fp4
+experts), ``fmt`` other than ``"e4m3"``. ``modules_to_not_convert`` is not read (it names
+attention and head modules in released checkpoints, never the routed experts).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from moerun.quant import QuantConfig
 from moerun.routing_config import SUPPORTED_DTYPES, RoutingConfig, RoutingMethod
 
 __all__ = ["moe_config_kwargs", "read_hf_config", "SUPPORTED_MODEL_TYPES"]
@@ -318,6 +329,55 @@ def _hf_dtype(hf: Mapping[str, Any], fallback: Mapping[str, Any] | None) -> torc
     return torch.float32
 
 
+_QUANT = "quantization_config"
+
+
+def _quant_field(name: str, value: Any, fix: str) -> ValueError:
+    return ValueError(f"config field {_QUANT}.{name}={value!r} cannot be mapped: {fix}")
+
+
+def _hf_quant(hf: Mapping[str, Any], outer: Mapping[str, Any] | None) -> QuantConfig | None:
+    """``quantization_config`` (of ``hf``, else of the outer Llama 4 config) as a
+    :class:`QuantConfig`, or None (absent, or dequantized at load). See the module docstring
+    for what is refused."""
+    qc = hf.get(_QUANT)
+    if qc is None and outer is not None:
+        qc = outer.get(_QUANT)
+    if qc is None:
+        return None
+    if not isinstance(qc, Mapping):
+        to_dict = getattr(qc, "to_dict", None)  # a transformers QuantizationConfigMixin
+        if not callable(to_dict):
+            raise ValueError(f"config field {_QUANT}={qc!r} cannot be mapped: expected a dict")
+        qc = to_dict()
+    method = qc.get("quant_method")
+    if method != "fp8":
+        raise _quant_field("quant_method", method,
+                           "moerun runs only FP8 block-scaled experts (quant_method 'fp8' "
+                           "with weight_block_size [128, 128]); load a float checkpoint or "
+                           "one quantized that way")
+    if qc.get("dequantize") is True:
+        return None  # transformers dequantizes these weights at load: float experts
+    for name, want, why in (
+            ("activation_scheme", "dynamic", "activations are quantized per token and group "
+                                             "at run time; static input scales are not used"),
+            ("scale_fmt", "float", "moerun's weight scales are fp32 (not ue8m0)"),
+            ("expert_dtype", "fp8", "only e4m3 experts are supported (not fp4)"),
+            ("fmt", "e4m3", "only float8_e4m3fn weights are supported")):
+        v = qc.get(name, want)
+        if v is not None and str(v).lower() != want:
+            raise _quant_field(name, v, f"must be {want!r}: {why}")
+    block = qc.get("weight_block_size")
+    if not (isinstance(block, (list, tuple)) and len(block) == 2):
+        raise _quant_field("weight_block_size", block,
+                           "moerun needs block-scaled FP8, e.g. [128, 128] (per-tensor FP8 "
+                           "is not supported)")
+    try:
+        return QuantConfig(weight_block=tuple(block), act_group=block[1])
+    except ValueError as exc:
+        raise _quant_field("weight_block_size", block, str(exc)) from None
+
+
 def moe_config_kwargs(hf: Mapping[str, Any], *, dtype: torch.dtype | None = None) -> dict:
     """Map a Hugging Face MoE ``config.json`` to :class:`MoEConfig` keyword arguments.
 
@@ -331,7 +391,9 @@ def moe_config_kwargs(hf: Mapping[str, Any], *, dtype: torch.dtype | None = None
     Returns:
         ``dict`` with ``num_experts``, ``top_k``, ``hidden_size``, ``intermediate_size``,
         ``routing`` (a :class:`RoutingConfig`), ``dtype`` and, where the family has them,
-        ``shared_intermediate_size``, ``shared_expert_gate``, ``apply_router_weight_on_input``.
+        ``shared_intermediate_size``, ``shared_expert_gate``, ``apply_router_weight_on_input``;
+        ``quant`` (a :class:`moerun.QuantConfig`) for an FP8 block-scaled
+        ``quantization_config``.
 
     Raises:
         TypeError: ``hf`` is not a mapping.
@@ -360,6 +422,9 @@ def moe_config_kwargs(hf: Mapping[str, Any], *, dtype: torch.dtype | None = None
     kwargs = builder(hf, mt)
     kwargs["dtype"] = _parse_dtype(dtype, "dtype") if dtype is not None \
         else _hf_dtype(hf, outer)
+    quant = _hf_quant(hf, outer)
+    if quant is not None:
+        kwargs["quant"] = quant
     return kwargs
 
 

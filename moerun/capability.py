@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moerun.quant import QuantConfig
 from moerun.routing_config import Activation
 
 __all__ = ["SchedulerKind", "RejectReason", "Eligibility", "Problem", "Deployment"]
@@ -40,6 +41,7 @@ class RejectReason(str, enum.Enum):
     WORKLOAD = "workload"  # is_workload_feasible said no for this forward
     LOWER_PRIORITY = "lower_priority"  # eligible, but a higher-priority candidate won
     UNIMPLEMENTED = "unimplemented"  # declared by the design, not built yet
+    QUANT = "quant"  # an FP8 block-scaled layer, and the candidate has no such path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +68,8 @@ class Problem:
     Fields: ``num_experts`` E, ``num_slots`` S, ``top_k`` K, ``hidden_size`` H,
     ``intermediate_size`` I, ``dtype``, ``activation``, ``device_type`` ("cpu"/"cuda"),
     ``shared_intermediate_size`` (0 = no shared expert), ``apply_router_weight_on_input``
-    (Llama 4: the routed input is scaled by the routing weight).
+    (Llama 4: the routed input is scaled by the routing weight), ``quant`` (the FP8
+    block-scaled :class:`~moerun.quant.QuantConfig` of the routed experts; None = unquantized).
     """
 
     num_experts: int
@@ -79,6 +82,7 @@ class Problem:
     device_type: str
     shared_intermediate_size: int = 0
     apply_router_weight_on_input: bool = False
+    quant: QuantConfig | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

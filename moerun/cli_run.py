@@ -54,9 +54,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                           "includes a zero-token rank)")
     parser.add_argument("--experts", type=int, default=24, help="routed experts E (default 24)")
     parser.add_argument("--top-k", type=int, default=6, help="experts per token (default 6)")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden size H (default 64)")
-    parser.add_argument("--intermediate", type=int, default=96,
-                     help="expert intermediate size I (default 96)")
+    parser.add_argument("--hidden", type=int, default=None,
+                     help="hidden size H (default 64; 128 with --quant fp8)")
+    parser.add_argument("--intermediate", type=int, default=None,
+                     help="expert intermediate size I (default 96; 128 with --quant fp8)")
+    parser.add_argument("--quant", choices=("none", "fp8"), default="none",
+                        help="routed experts: none (the --dtype weights) or fp8 (e4m3 weights "
+                             "with fp32 128x128 block scales, activations quantized per token "
+                             "and 128 columns; H and I multiples of 128); the output is checked "
+                             "against DESIGN 11a's reference and against the unquantized fp64 "
+                             "layer (default none)")
     parser.add_argument("--shared-intermediate", type=int, default=96,
                      help="shared-expert intermediate size; 0 = no shared expert (default 96)")
     parser.add_argument("--groups", type=int, default=4,
@@ -103,9 +110,14 @@ def _config(args: argparse.Namespace):
 
     from moerun.config import MoEConfig, RoutingConfig, RoutingMethod
 
+    from moerun.quant import QuantConfig
+
+    fp8 = getattr(args, "quant", "none") == "fp8"
+    hidden = args.hidden if args.hidden is not None else (128 if fp8 else 64)
+    inter = args.intermediate if args.intermediate is not None else (128 if fp8 else 96)
     return MoEConfig(
-        num_experts=args.experts, top_k=args.top_k, hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
+        num_experts=args.experts, top_k=args.top_k, hidden_size=hidden,
+        intermediate_size=inter, quant=QuantConfig() if fp8 else None,
         routing=RoutingConfig(method=RoutingMethod.NOAUX_TC, renormalize=True,
                               num_expert_group=args.groups, topk_group=args.topk_groups,
                               routed_scaling_factor=2.5),
@@ -156,7 +168,7 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
 
     from moerun.layer import ConfigurableMoE
     from moerun.mapping import Mapping
-    from moerun.testing import make_case, reference_output, rel_err
+    from moerun.testing import make_case, reference_output, rel_err, unquantized_reference
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -175,10 +187,12 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
     except ValueError as exc:  # an unavailable backend or comm: the same on every rank
         return {"rank": rank, "usage_error": str(exc)}
     with layer:
+        scales = {} if cfg.quant is None else dict(w13_scale=case.w13_scale.to(dev),
+                                                   w2_scale=case.w2_scale.to(dev))
         layer.load_weights(case.w13.to(dev), case.w2.to(dev),
                            None if case.shared is None else
                            {k: v.to(dev) for k, v in case.shared.items()},
-                           e_score_correction_bias=case.bias.to(dev))
+                           e_score_correction_bias=case.bias.to(dev), **scales)
         x, logits = case.x[lo:hi].to(dev), case.logits[lo:hi].to(dev)
         counts_arg = counts if world_size > 1 else None
 
@@ -212,6 +226,8 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
         ref = reference_output(cfg, case)[lo:hi]
         res = {"rank": rank, "tokens": counts[rank], "err": rel_err(out.cpu(), ref),
                "report": str(layer.report), "phases": phases, "wall_us": wall_us}
+        if cfg.quant is not None:  # the second FP8 bar: the unquantized fp64 layer
+            res["err_unquantized"] = rel_err(out.cpu(), unquantized_reference(cfg, case)[lo:hi])
         if trace_dir is not None:
             res["trace_files"] = files
         return res
@@ -286,7 +302,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     usage error."""
     import torch
 
-    from moerun.testing import TOL, TOL_MULTIRANK_BF16
+    from moerun.testing import TOL, TOL_FP8, TOL_FP8_UNQUANTIZED, TOL_MULTIRANK_BF16
 
     if args.ranks < 1:
         print("moerun run: --ranks must be >= 1", file=sys.stderr)
@@ -322,16 +338,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     dtype = getattr(torch, args.dtype)
     bound = TOL_MULTIRANK_BF16 if (dtype == torch.bfloat16 and args.ranks > 1) else TOL[dtype]
+    fp8 = cfg.quant is not None
+    if fp8:
+        bound = TOL_FP8
     print(results[0]["report"])
-    print(f"tokens per rank: {counts}  dtype: {args.dtype}  device: {device}")
+    print(f"tokens per rank: {counts}  dtype: {args.dtype}  device: {device}"
+          + ("  experts: fp8 (e4m3, 128x128 block scales)" if fp8 else ""))
     limit = "one chunk" if cfg.max_num_tokens is None else f"max_num_tokens={cfg.max_num_tokens}"
     print(f"chunks: {_num_chunks(counts, cfg.max_num_tokens)}  ({limit})")
     worst = 0.0
+    worst_unquantized = 0.0
     for res in results:
         prefix = f"rank {res['rank']}: " if args.ranks > 1 else ""
-        print(f"{prefix}relative error: {res['err']:.3e}  (tokens {res['tokens']}, "
-              f"bound {bound:g})")
+        label = "relative error vs DESIGN 11a reference" if fp8 else "relative error"
+        print(f"{prefix}{label}: {res['err']:.3e}  (tokens {res['tokens']}, bound {bound:g})")
         worst = max(worst, res["err"])
+        if fp8:
+            print(f"{prefix}relative error vs unquantized fp64 layer: "
+                  f"{res['err_unquantized']:.3e}  (bound {TOL_FP8_UNQUANTIZED:g})")
+            worst_unquantized = max(worst_unquantized, res["err_unquantized"])
     print(f"forward wall time (rank 0, after one warm-up forward): "
           f"{results[0]['wall_us']:.0f} µs")
     print("time per phase (rank 0, a third forward under torch.profiler; CPU time of the "
@@ -348,6 +373,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{files['exposed_comm_us']:.0f} µs")
     if worst >= bound:
         print(f"FAILED: relative error {worst:.3e} >= {bound:g}", file=sys.stderr)
+        return 1
+    if worst_unquantized >= TOL_FP8_UNQUANTIZED:
+        print(f"FAILED: relative error vs the unquantized layer {worst_unquantized:.3e} >= "
+              f"{TOL_FP8_UNQUANTIZED:g}", file=sys.stderr)
         return 1
     return 0
 

@@ -14,6 +14,7 @@ from typing import Any, Mapping as TMapping
 
 import torch
 
+from moerun.quant import QuantConfig
 from moerun.routing_config import SUPPORTED_DTYPES, Activation, RoutingConfig, RoutingMethod
 
 __all__ = [
@@ -46,6 +47,11 @@ class MoEConfig:
         shared_expert_gate: the shared expert output is scaled by ``sigmoid(x @ g)`` (Qwen2-MoE).
         max_num_tokens: rows per chunk (DESIGN 2); ``None`` = one chunk.
         check_inputs: validate inputs (agreed across ranks, DESIGN 9). Default on.
+        quant: :class:`moerun.QuantConfig` for FP8 block-scaled routed experts (DESIGN 11a),
+            ``None`` = unquantized. ``dtype`` stays the activation dtype (the layer's input
+            and output); the routed weights are e4m3 with fp32 per-block scales, H and I
+            must be multiples of both ``weight_block`` sizes, and the shared expert stays
+            unquantized in ``dtype`` (an fp8 checkpoint's is dequantized at load).
     """
 
     num_experts: int
@@ -60,6 +66,7 @@ class MoEConfig:
     shared_expert_gate: bool = False
     max_num_tokens: int | None = None
     check_inputs: bool = True
+    quant: QuantConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
@@ -125,6 +132,28 @@ class MoEConfig:
                 )
         if r.method == RoutingMethod.LLAMA4 and self.top_k != 1:
             raise _err("top_k", self.top_k, "llama4 routing is top-1")
+        if self.quant is not None:
+            self._check_quant()
+
+    def _check_quant(self) -> None:
+        q = self.quant
+        if not isinstance(q, QuantConfig):
+            raise TypeError(f"MoEConfig.quant must be a moerun.QuantConfig or None, got "
+                            f"{type(q).__name__}")
+        bn, bk = q.weight_block
+        for name in ("hidden_size", "intermediate_size"):
+            v = getattr(self, name)
+            if v % bn or v % bk:
+                mult = f"{bn}" if bn == bk else f"{bn} and {bk}"
+                raise _err(name, v, f"with quant (weight_block={q.weight_block}) it must be a "
+                                    f"multiple of {mult}: each weight scale block must "
+                                    "cover whole gate, up and down rows and columns; use an "
+                                    "unquantized layer (quant=None) for this shape")
+        if self.apply_router_weight_on_input:
+            raise _err("apply_router_weight_on_input", True,
+                       "not supported with quant: the routed input would be scaled by its "
+                       "routing weight after it was quantized once before dispatch, and "
+                       "Llama 4's FP8 checkpoints are not block-scaled; use quant=None")
 
     @property
     def has_shared_expert(self) -> bool:

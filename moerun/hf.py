@@ -28,6 +28,7 @@ from moerun.backends import Backend
 from moerun.config import SUPPORTED_DTYPES, MoEConfig
 from moerun.layer import ConfigurableMoE
 from moerun.mapping import Mapping
+from moerun.quant import FP8_DTYPE, QuantConfig, dequantize_weight_blocks
 
 __all__ = ["from_hf", "router_weight", "SUPPORTED_BLOCKS"]
 
@@ -160,7 +161,8 @@ def _expert_layout(experts: Any, *, transposed_default: bool, e: int, h: int, i:
     gate_up, down = _fused_tensors(experts)
     if gate_up.dtype not in SUPPORTED_DTYPES or down.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"experts.gate_up_proj.dtype={gate_up.dtype}, down_proj.dtype="
-                         f"{down.dtype}: quantized experts are unsupported; dequantize first")
+                         f"{down.dtype}: quantized experts are unsupported (except transformers' "
+                         "FP8Experts, e4m3 with fp32 block scales); dequantize first")
     if gate_up.dtype != down.dtype:
         raise ValueError(f"experts.gate_up_proj.dtype={gate_up.dtype} != "
                          f"down_proj.dtype={down.dtype}")
@@ -192,6 +194,73 @@ def _expert_layout(experts: Any, *, transposed_default: bool, e: int, h: int, i:
     return gate_up.detach(), down.detach(), transposed, concatenated
 
 
+def _is_fp8_experts(experts: Any) -> bool:
+    """The experts module holds e4m3 fused tensors (transformers' ``FP8Experts`` layout)."""
+    gate_up = getattr(experts, "gate_up_proj", None)
+    return isinstance(gate_up, torch.Tensor) and gate_up.dtype == FP8_DTYPE
+
+
+def _fp8_quant(experts: Any) -> QuantConfig:
+    """The :class:`QuantConfig` of a transformers 5 ``FP8Experts`` module, after checking
+    what it computes: the ``FP8Experts`` class of ``transformers.integrations.finegrained_fp8``
+    (or a subclass), gated, no bias, ``activation_scheme="dynamic"``, a ``block_size``, the
+    plain concatenated ``[E, 2I, H]`` / ``[E, H, I]`` layout, silu without a clamp or softcap.
+    Anything else is a ValueError naming the attribute. Pure."""
+    module = sys.modules.get("transformers.integrations.finegrained_fp8")
+    fp8_cls = getattr(module, "FP8Experts", None)
+    if fp8_cls is None or not isinstance(experts, fp8_cls):
+        raise ValueError(f"experts module {type(experts).__name__} holds float8 weights but is "
+                         "not transformers' FP8Experts: only that layout (e4m3 with fp32 "
+                         "block scales) is supported")
+    for flag, want in (("has_bias", False), ("has_gate", True)):
+        if getattr(experts, flag, want) != want:
+            raise ValueError(f"experts.{flag}={not want}: FP8Experts must be gated and "
+                             "bias-free (silu(gate) * up)")
+    if getattr(experts, "activation_scheme", "dynamic") != "dynamic":
+        raise ValueError(f"experts.activation_scheme={experts.activation_scheme!r}: only "
+                         "'dynamic' (activations quantized per token and group) is supported")
+    for name in ("swiglu_limit", "swiglu_alpha", "gate_softcap", "up_softcap", "limit"):
+        if getattr(experts, name, None) is not None:
+            raise ValueError(f"experts.{name}={getattr(experts, name)!r}: clamped or softcapped "
+                             "SwiGLU experts are out of scope (only silu(gate) * up)")
+    if getattr(experts, "is_transposed", False):
+        raise ValueError("experts.is_transposed=True: FP8 experts are read only in the "
+                         "[E, 2I, H] / [E, H, I] layout")
+    if not getattr(experts, "is_concatenated", True):
+        raise ValueError("experts.is_concatenated=False: interleaved gate/up rows do not keep "
+                         "whole FP8 scale blocks; only concatenated gate then up rows")
+    _check_silu(experts, ("act_fn",), "experts")
+    block = getattr(experts, "block_size", None)
+    if not (isinstance(block, (tuple, list)) and len(block) == 2):
+        raise ValueError(f"experts.block_size={block!r}: per-tensor FP8 experts are not "
+                         "supported (block-scaled, e.g. (128, 128))")
+    return QuantConfig(weight_block=tuple(int(b) for b in block), act_group=int(block[1]))
+
+
+def _fp8_layout(experts: Any, *, e: int, h: int, i: int) -> tuple[torch.Tensor, ...]:
+    """``(gate_up [E, 2I, H], down [E, H, I], gate_up_scale [E, 2I/bn, H/bk], down_scale
+    [E, H/bn, I/bk])`` of a checked (:func:`_fp8_quant`) ``FP8Experts`` module: e4m3
+    weights and fp32 scales (not ue8m0) of these shapes, detached, no copy."""
+    quant = _fp8_quant(experts)
+    want = {"gate_up_proj": (e, 2 * i, h), "down_proj": (e, h, i),
+            "gate_up_proj_scale_inv": (e, *quant.scale_shape(2 * i, h)),
+            "down_proj_scale_inv": (e, *quant.scale_shape(h, i))}
+    tensors = []
+    for name, shape in want.items():
+        t = getattr(experts, name, None)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"experts.{name} is {got}; expected {shape} (E={e}, H={h}, I={i}, "
+                             f"block {quant.weight_block})")
+        is_scale = name.endswith("_scale_inv")
+        dtype_ok = t.dtype == torch.float32 if is_scale else t.dtype == FP8_DTYPE
+        if not dtype_ok:
+            raise ValueError(f"experts.{name}.dtype={t.dtype}: expected "
+                             f"{'float32 scale_inv (not ue8m0)' if is_scale else FP8_DTYPE}")
+        tensors.append(t.detach())
+    return tuple(tensors)
+
+
 def _one_expert(gate_up: torch.Tensor, down: torch.Tensor, x: int, *, transposed: bool,
                 concatenated: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert ``x`` as ``(gate_up [2I, H] gate rows then up rows, down [H, I])`` (views
@@ -208,7 +277,19 @@ def _expert_items(experts: Any, *, transposed_default: bool, e: int, h: int, i: 
     """``(expert_id, name, lazy tensor)`` items of a fused experts module for
     :meth:`ConfigurableMoE.load_expert_weights`: each expert's ``gate_up_proj [2I, H]`` and
     ``down_proj [H, I]``, computed only when read (so a rank converts only its own experts).
-    The layout is checked here, before the first item."""
+    The layout is checked here, before the first item. An ``FP8Experts`` module gives e4m3
+    ``gate_up_proj`` / ``down_proj`` and their ``*_scale_inv`` blocks (no dequantization)."""
+    if _is_fp8_experts(experts):
+        gate_up, down, gate_up_s, down_s = _fp8_layout(experts, e=e, h=h, i=i)
+
+        def fp8_items():
+            for x in range(e):
+                yield x, "gate_up_proj", gate_up[x]
+                yield x, "gate_up_proj_scale_inv", gate_up_s[x]
+                yield x, "down_proj", down[x]
+                yield x, "down_proj_scale_inv", down_s[x]
+
+        return fp8_items()
     gate_up, down, transposed, concatenated = _expert_layout(
         experts, transposed_default=transposed_default, e=e, h=h, i=i)
     layout = dict(transposed=transposed, concatenated=concatenated)
@@ -234,12 +315,23 @@ def _expert_weights(experts: Any, *, transposed_default: bool, e: int, h: int, i
 
 
 def _linear_weight(mlp: nn.Module, name: str, where: str) -> torch.Tensor:
+    """``mlp.<name>.weight``, detached; an FP8 Linear (transformers' ``FP8Linear``: e4m3
+    ``weight`` with fp32 ``weight_scale_inv`` per ``block_size``) is dequantized to fp32 (the
+    shared expert runs in the activation dtype, DESIGN 11a)."""
     lin = getattr(mlp, name, None)
     if not isinstance(lin, nn.Linear):
         raise TypeError(f"{where}.{name} is {type(lin).__name__}, expected nn.Linear")
     if lin.bias is not None:
         raise ValueError(f"{where}.{name} has a bias; the shared expert must be bias-free")
-    return lin.weight.detach()
+    w = lin.weight.detach()
+    if w.dtype != FP8_DTYPE:
+        return w
+    scale = getattr(lin, "weight_scale_inv", None)
+    block = getattr(lin, "block_size", None)
+    if not isinstance(scale, torch.Tensor) or block is None:
+        raise ValueError(f"{where}.{name} has {FP8_DTYPE} weights without weight_scale_inv "
+                         "blocks and a block_size; only block-scaled FP8 Linears are read")
+    return dequantize_weight_blocks(w, scale.detach(), tuple(block))
 
 
 def _shared_weights(block: nn.Module, spec: _BlockSpec, cfg: MoEConfig) -> dict | None:
@@ -281,6 +373,10 @@ def _block_parts(block: nn.Module, config_kwargs: dict) -> _BlockParts:
     hf_config = dict(_block_config(block).to_dict())
     hf_config.update(spec.overrides)
     kwargs = moe_config_kwargs(hf_config, dtype=dtype if dtype in SUPPORTED_DTYPES else None)
+    # the experts' tensors decide (a dequantized checkpoint keeps its quantization_config)
+    kwargs.pop("quant", None)
+    if _is_fp8_experts(experts):
+        kwargs["quant"] = _fp8_quant(experts)
     kwargs.update(config_kwargs)
     cfg = MoEConfig(**kwargs)
     items = _expert_items(experts, transposed_default=spec.transposed, e=cfg.num_experts,
@@ -328,6 +424,14 @@ def from_hf(block: nn.Module, *, mapping: Mapping | None = None,
     MiniMaxM2SparseMoeBlock ``block.gate.weight``    experts, ``e_score_correction_bias``
     ======================  =======================  ============================================
 
+    FP8 experts (issue 12): a block whose ``experts`` is transformers' ``FP8Experts``
+    (``gate_up_proj`` / ``down_proj`` e4m3 with ``gate_up_proj_scale_inv`` /
+    ``down_proj_scale_inv`` fp32 blocks, e.g. a DeepSeek-V3 or Qwen3 FP8 checkpoint) gives a
+    layer with ``config.quant = QuantConfig(weight_block=experts.block_size)``, weights and
+    scales copied as they are (no dequantization), and the activation dtype read from the
+    block's config (``dtype`` / ``torch_dtype``, float32 if unset). An FP8 shared expert
+    (``FP8Linear``) is dequantized once into that dtype. Other quantized experts are refused.
+
     For ``x [T, H]``: ``layer(x, F.linear(x.float(), router_weight(block).float()))`` equals
     ``block(x.view(1, T, H)).view(T, H)`` (Llama 4 returns a tuple: its ``[0]``). The HF
     routers compute the logits in x.dtype (Mixtral, Qwen, Llama 4), in the router weight's
@@ -354,13 +458,14 @@ def from_hf(block: nn.Module, *, mapping: Mapping | None = None,
     Returns:
         The layer, weights loaded expert by expert (:meth:`ConfigurableMoE.load_expert_weights`:
         each rank converts and copies only its own experts), dtype = the block's expert-weight
-        dtype.
+        dtype (FP8 experts: the config's dtype, see above).
 
     Raises:
         TypeError: unsupported block class (lists the supported ones) or expert layout (e.g.
             a ModuleList of per-expert Linear layers).
         ValueError: a config field moerun cannot map (see :mod:`moerun._hf_config`), expert
-            biases, a non-SiLU or clamped activation, quantized or mismatched weights.
+            biases, a non-SiLU or clamped activation, quantized (other than ``FP8Experts``)
+            or mismatched weights, an FP8 block whose H or I is not a multiple of its block.
 
     Side effects: copies this rank's expert weights (host/device memory of one more copy of
     its share of the block). from_hf itself issues no collective; see :class:`ConfigurableMoE`

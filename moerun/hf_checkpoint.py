@@ -22,6 +22,11 @@ keys                                             families
 ``[E, H, I]``                                     ``[E, I, H]`` (Llama 4)
 ===============================================  ==========================================
 
+FP8 block-scaled checkpoints (issue 12) add each weight's ``weight_scale_inv`` (per-expert
+``P{e}.gate_proj.weight_scale_inv`` ...; fused ``Pgate_up_proj_scale_inv`` /
+``Pdown_proj_scale_inv``), read as the ``*_scale_inv`` items of
+:meth:`moerun.ConfigurableMoE.load_expert_weights`.
+
 Needs the ``safetensors`` package (installed with transformers).
 """
 
@@ -37,9 +42,10 @@ from torch import nn
 
 __all__ = ["checkpoint_expert_items", "load_expert_checkpoint"]
 
-_PER_EXPERT = re.compile(r"^(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_PER_EXPERT = re.compile(r"^(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight"
+                         r"(_scale_inv)?$")
 _NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-_FUSED = ("gate_up_proj", "down_proj")
+_FUSED = ("gate_up_proj", "down_proj", "gate_up_proj_scale_inv", "down_proj_scale_inv")
 
 
 def _safe_open():
@@ -89,15 +95,14 @@ def _items(ckpt: _Checkpoint, prefix: str, transposed: bool
         rest = key[len(prefix):]
         m = _PER_EXPERT.match(rest)
         if m is not None:
-            name = _NAMES.get(m.group(2), m.group(2))
+            name = _NAMES.get(m.group(2), m.group(2)) + ("_scale_inv" if m.group(3) else "")
             found.append((int(m.group(1)), name,
                           lambda h=handle, k=key: h.get_tensor(k)))
         elif rest in _FUSED:
             fused = handle.get_slice(key)
             for e in range(fused.get_shape()[0]):
                 # one expert's slice is read from the file only when called
-                found.append((e, "gate_up_proj" if rest == "gate_up_proj" else "down_proj",
-                              lambda s=fused, e=e: s[e].t() if transposed else s[e]))
+                found.append((e, rest, lambda s=fused, e=e: s[e].t() if transposed else s[e]))
     found.sort(key=lambda item: (item[0], item[1]))
     return found
 
@@ -116,7 +121,8 @@ def checkpoint_expert_items(source: str | os.PathLike, prefix: str, *,
 
     Returns an iterator of ``(expert_id, name, read)``, sorted by expert: ``name`` in ``gate_proj``,
     ``up_proj``, ``down_proj`` (per-expert keys; ``w1``/``w3``/``w2`` renamed) or
-    ``gate_up_proj`` / ``down_proj`` (one expert of a fused tensor); ``read()`` returns the
+    ``gate_up_proj`` / ``down_proj`` (one expert of a fused tensor), each also with the
+    ``_scale_inv`` suffix for an FP8 checkpoint's scale blocks; ``read()`` returns the
     CPU tensor, reading only that tensor (or that expert's slice) from the file.
 
     Raises ``FileNotFoundError`` for a missing checkpoint and ``ValueError`` when no key

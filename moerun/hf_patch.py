@@ -32,7 +32,7 @@ __all__ = ["HFMoEBlock", "patch_model"]
 
 def _slot_items(layer: ConfigurableMoE):
     """``(expert_id, name, tensor)`` of a loaded layer's local experts (one slot per logical
-    expert: EPLB replicas hold the same weights)."""
+    expert: EPLB replicas hold the same weights), with the FP8 scales of a quantized layer."""
     seen: set[int] = set()
     for s, expert in enumerate(layer.balancer.local_experts(layer.slot_start, layer.slot_end)):
         if expert in seen:
@@ -40,6 +40,9 @@ def _slot_items(layer: ConfigurableMoE):
         seen.add(expert)
         yield int(expert), "gate_up_proj", layer.w13[s]
         yield int(expert), "down_proj", layer.w2[s]
+        if layer.config.quant is not None:  # FP8: the block scales travel with the weights
+            yield int(expert), "gate_up_proj_scale_inv", layer.w13_scale[s]
+            yield int(expert), "down_proj_scale_inv", layer.w2_scale[s]
 
 
 class HFMoEBlock(nn.Module):

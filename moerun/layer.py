@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from eplb import NullLayerBalancer
+from moerun._quant_weights import (SCALE_PARTS, check_global_scales, check_weight_dtype,
+                                   dequantize_shared, expert_scale_shapes)
 from moerun.backends import Backend
 from moerun.capability import Deployment, Problem
 from moerun.comm import CommStrategy, Communicator
@@ -22,6 +24,7 @@ from moerun.custom_op import register_layer
 from moerun.env import get_env
 from moerun.errors import LayerClosedError
 from moerun.mapping import Mapping, slot_partition
+from moerun.quant import FP8_DTYPE, ExpertQuant
 from moerun.resolve import ResolutionReport, resolve
 from moerun.routing import Router
 from moerun.shared_expert import SharedExpert
@@ -130,7 +133,8 @@ class ConfigurableMoE(nn.Module):
             hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
             dtype=config.dtype, activation=config.activation, device_type=self.device.type,
             shared_intermediate_size=config.shared_intermediate_size,
-            apply_router_weight_on_input=config.apply_router_weight_on_input)
+            apply_router_weight_on_input=config.apply_router_weight_on_input,
+            quant=config.quant)
         deployment = Deployment(rank=mapping.rank, world_size=mapping.world_size,
                                 comm_backend=mapping.backend_name,
                                 num_local_slots=self.slot_end - self.slot_start,
@@ -153,9 +157,19 @@ class ConfigurableMoE(nn.Module):
                           else ExternalCommScheduler())
         s_local = self.slot_end - self.slot_start
         h, i = config.hidden_size, config.intermediate_size
-        kw = dict(dtype=config.dtype, device=self.device)
+        q = config.quant
+        kw = dict(dtype=config.dtype if q is None else FP8_DTYPE, device=self.device)
         self.w13 = nn.Parameter(torch.empty(s_local, 2 * i, h, **kw), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(s_local, h, i, **kw), requires_grad=False)
+        if q is None:
+            self.register_parameter("w13_scale", None)
+            self.register_parameter("w2_scale", None)
+        else:  # fp32 scale_inv per weight block (DESIGN 11a), migrated with the weights
+            kw = dict(dtype=torch.float32, device=self.device)
+            self.w13_scale = nn.Parameter(torch.empty(s_local, *q.scale_shape(2 * i, h), **kw),
+                                          requires_grad=False)
+            self.w2_scale = nn.Parameter(torch.empty(s_local, *q.scale_shape(h, i), **kw),
+                                         requires_grad=False)
         self.e_score_correction_bias = (
             nn.Parameter(torch.zeros(config.num_experts, dtype=torch.float32,
                                      device=self.device), requires_grad=False)
@@ -272,18 +286,39 @@ class ConfigurableMoE(nn.Module):
         log.warning("moerun layer %s: %s", self.layer_idx, note)
         return self.strategy
 
+    @property
+    def expert_quant(self) -> ExpertQuant | None:
+        """What the backend's FP8 path takes (``run_experts(..., quant=)``): the config, this
+        rank's weight scales and the output dtype; None for an unquantized layer. Built on
+        each access from the current tensors (so ``.to()`` is followed); host only."""
+        q = self.config.quant
+        if q is None:
+            return None
+        return ExpertQuant(config=q, w13_scale=self.w13_scale, w2_scale=self.w2_scale,
+                           out_dtype=self.config.dtype)
+
     # -- weights -------------------------------------------------------------------------
     @torch.no_grad()
     def load_weights(self, w13: torch.Tensor, w2: torch.Tensor, shared: dict | None = None, *,
+                     w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
                      e_score_correction_bias: torch.Tensor | None = None) -> None:
         """Copy this rank's slots from the **global logical** weights.
 
         Args:
-            w13: ``[E, 2*I, H]`` gate rows then up rows. w2: ``[E, H, I]``.
-            shared: ``{"w13": [2*Is, H], "w2": [H, Is], "gate": [1, H] (if gated)}``.
+            w13: ``[E, 2*I, H]`` gate rows then up rows. w2: ``[E, H, I]``. Any float dtype
+                (cast by the copy); with ``config.quant``: ``float8_e4m3fn`` (a float weight
+                is refused; quantize with :func:`moerun.quant.quantize_weight_blocks`).
+            shared: ``{"w13": [2*Is, H], "w2": [H, Is], "gate": [1, H] (if gated)}``; with
+                ``config.quant`` the shared ``w13`` / ``w2`` may be e4m3 with
+                ``"w13_scale" [2*Is/bn, H/bk]`` / ``"w2_scale" [H/bn, Is/bk]``: dequantized
+                once here (the shared expert runs in ``config.dtype``).
+            w13_scale: ``[E, 2*I/bn, H/bk]`` fp32 ``scale_inv`` of ``w13``; w2_scale:
+                ``[E, H/bn, I/bk]``. Required iff ``config.quant``.
             e_score_correction_bias: ``[E]`` selection bias (noaux_tc / sigmoid_bias_topk).
 
-        Copies in place (tensor identities never change). No collective.
+        Raises ValueError naming the argument (shape, dtype, a scale missing or unexpected)
+        before anything is copied. Copies in place (tensor identities never change). No
+        collective.
         """
         cfg = self.config
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
@@ -292,22 +327,30 @@ class ConfigurableMoE(nn.Module):
                              f"H={h}] (gate rows, then up rows)")
         if tuple(w2.shape) != (e, h, i):
             raise ValueError(f"w2 has shape {tuple(w2.shape)}; expected [E={e}, H={h}, I={i}]")
-        self._check_extras(shared, e_score_correction_bias)
+        check_weight_dtype(cfg, "w13", w13)
+        check_weight_dtype(cfg, "w2", w2)
+        check_global_scales(cfg, w13_scale, w2_scale)
+        shared = self._check_extras(shared, e_score_correction_bias)
         # every check passed: copy (a failed call leaves the previous weights untouched)
         experts = torch.tensor(self.balancer.local_experts(self.slot_start, self.slot_end),
                                dtype=torch.long, device=w13.device)
         self.w13.copy_(w13.index_select(0, experts))
         self.w2.copy_(w2.index_select(0, experts))
+        if cfg.quant is not None:
+            self.w13_scale.copy_(w13_scale.index_select(0, experts.to(w13_scale.device)))
+            self.w2_scale.copy_(w2_scale.index_select(0, experts.to(w2_scale.device)))
         if self.shared_expert is not None:
             self.shared_expert.load(shared["w13"], shared["w2"], shared.get("gate"))
         if self.e_score_correction_bias is not None:
             self.e_score_correction_bias.copy_(e_score_correction_bias)
         self._loaded = True
 
-    def _check_extras(self, shared: dict | None, bias: torch.Tensor | None) -> None:
+    def _check_extras(self, shared: dict | None, bias: torch.Tensor | None) -> dict | None:
         """The shared-expert weights and the selection bias both loaders take: present iff the
-        config uses them, of the right shapes. Raises ``ValueError``; copies nothing."""
+        config uses them, of the right shapes. Raises ``ValueError``; copies nothing into the
+        layer. Returns ``shared`` with fp8 shared weights dequantized (new tensors)."""
         cfg = self.config
+        shared = dequantize_shared(cfg, shared)
         e = cfg.num_experts
         if self.shared_expert is not None:
             if shared is None:
@@ -326,6 +369,7 @@ class ConfigurableMoE(nn.Module):
         elif bias is not None:
             raise ValueError(f"e_score_correction_bias given but routing method "
                              f"{cfg.routing.method.value} does not use one")
+        return shared
 
     # Parts of one expert each name fills: w13 rows [0, I) are the gate, [I, 2I) the up rows.
     _EXPERT_PARTS = {"gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
@@ -342,8 +386,12 @@ class ConfigurableMoE(nn.Module):
                 ``(expert_id, name, tensor)``: ``expert_id`` a logical expert in ``[0, E)``;
                 ``name`` one of ``"gate_proj"`` ``[I, H]``, ``"up_proj"`` ``[I, H]``,
                 ``"down_proj"`` ``[H, I]`` or the fused ``"gate_up_proj"`` ``[2*I, H]`` (gate
-                rows, then up rows); ``tensor`` any float dtype and device (copied with
-                ``copy_``), or lazy: a zero-argument callable returning it, or an object read
+                rows, then up rows); with ``config.quant`` these are e4m3 and each needs its
+                fp32 scale item ``"<name>_scale_inv"`` (``gate_proj_scale_inv`` /
+                ``up_proj_scale_inv`` ``[I/bn, H/bk]``, ``gate_up_proj_scale_inv``
+                ``[2*I/bn, H/bk]``, ``down_proj_scale_inv`` ``[H/bn, I/bk]``, the
+                checkpoint's ``weight_scale_inv`` blocks); ``tensor`` any float dtype and
+                device (copied with ``copy_``), or lazy: a zero-argument callable returning it, or an object read
                 with ``[:]`` (a safetensors ``get_slice`` handle). Items of experts this rank
                 does not hold are skipped without being read (their names are still checked).
             shared: ``{"w13", "w2", "gate"}`` as in :meth:`load_weights`; required iff the
@@ -360,10 +408,16 @@ class ConfigurableMoE(nn.Module):
         """
         cfg = self.config
         e_total, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-        self._check_extras(shared, e_score_correction_bias)
+        shared = self._check_extras(shared, e_score_correction_bias)
         bias = e_score_correction_bias
         shapes = {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i),
-                  "gate_up_proj": (2 * i, h)}
+                  "gate_up_proj": (2 * i, h), **expert_scale_shapes(cfg)}
+        part_names = dict(self._EXPERT_PARTS)
+        required = ("gate", "up", "down")
+        if cfg.quant is not None:
+            part_names.update(SCALE_PARTS)
+            required += ("gate_scale", "up_scale", "down_scale")
+            scale_rows = cfg.quant.scale_shape(i, h)[0]  # rows of one of gate / up
         slots: dict[int, list[int]] = {}
         for s, expert in enumerate(self.balancer.local_experts(self.slot_start, self.slot_end)):
             slots.setdefault(int(expert), []).append(s)
@@ -374,10 +428,14 @@ class ConfigurableMoE(nn.Module):
                     or not 0 <= expert_id < e_total:
                 raise ValueError(f"load_expert_weights: expert_id={expert_id!r} must be an int "
                                  f"in [0, num_experts={e_total})")
-            parts = self._EXPERT_PARTS.get(name)
+            parts = part_names.get(name)
+            if parts is None and name in SCALE_PARTS:
+                raise ValueError(f"load_expert_weights: name={name!r} (expert {expert_id}) is "
+                                 "a weight scale but config.quant is None: build the layer "
+                                 "with MoEConfig(quant=moerun.QuantConfig()) for fp8 experts")
             if parts is None:
                 raise ValueError(f"load_expert_weights: name={name!r} (expert {expert_id}) is "
-                                 f"unknown; valid: {', '.join(self._EXPERT_PARTS)}")
+                                 f"unknown; valid: {', '.join(part_names)}")
             if expert_id not in slots:
                 continue  # another rank's expert: never read
             if filled[expert_id] & set(parts):
@@ -395,25 +453,41 @@ class ConfigurableMoE(nn.Module):
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"load_expert_weights: expert {expert_id} {name} is {got}; "
                                  f"expected a tensor of shape {shapes[name]} (I={i}, H={h})")
+            if name in SCALE_PARTS:
+                if not t.is_floating_point() or t.dtype == FP8_DTYPE:
+                    raise ValueError(f"load_expert_weights: expert {expert_id} {name} is "
+                                     f"{t.dtype}; expected fp32 scale_inv blocks")
+            else:
+                check_weight_dtype(cfg, f"load_expert_weights: expert {expert_id} {name}", t)
             self._loaded = False  # from the first copy on, until every local slot is filled
             for s in slots[expert_id]:
                 if name == "down_proj":
                     self.w2[s].copy_(t)
+                elif name == "down_proj_scale_inv":
+                    self.w2_scale[s].copy_(t)
+                elif name in SCALE_PARTS:
+                    lo = scale_rows if name == "up_proj_scale_inv" else 0
+                    self.w13_scale[s, lo:lo + t.shape[0]].copy_(t)
                 else:
                     lo = i if name == "up_proj" else 0
                     self.w13[s, lo:lo + t.shape[0]].copy_(t)
             filled[expert_id].update(parts)
             copied += 1
-        missing = {expert: [p for p in ("gate", "up", "down") if p not in got]
-                   for expert, got in filled.items() if len(got) < 3}
+        missing = {expert: [p for p in required if p not in got]
+                   for expert, got in filled.items() if len(got) < len(required)}
         if missing:
+            def item_name(part: str) -> str:
+                return part + "_proj" if not part.endswith("_scale") \
+                    else part[:-6] + "_proj_scale_inv"
+
             listed = "; ".join(f"expert {expert} (local slots {slots[expert]}): "
-                               f"{', '.join(p + '_proj' for p in names)}"
+                               f"{', '.join(item_name(p) for p in names)}"
                                for expert, names in sorted(missing.items())[:8])
             more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
             raise ValueError(f"load_expert_weights: rank {self.mapping.rank} is missing parts "
                              f"of {len(missing)} local experts: {listed}{more}; every local "
-                             "expert needs gate_proj + up_proj (or gate_up_proj) and down_proj")
+                             "expert needs gate_proj + up_proj (or gate_up_proj) and down_proj"
+                             + (", each with its _scale_inv" if cfg.quant is not None else ""))
         if self.shared_expert is not None:
             self.shared_expert.load(shared["w13"], shared["w2"], shared.get("gate"))
         if self.e_score_correction_bias is not None:

@@ -27,6 +27,8 @@ __all__ = [
     "FP8_MAX",
     "QuantConfig",
     "QuantizedRows",
+    "ExpertQuant",
+    "ZERO_ROW_SCALE",
     "quantize_rows",
     "dequantize_rows",
     "quantize_weight_blocks",
@@ -39,6 +41,8 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 #: Floor on a group's amax, so an all-zero group gets a finite scale (and zero codes).
 AMAX_EPS = 1e-10
+#: The scale of an all-zero group (what :func:`quantize_rows` gives a zero or padded row).
+ZERO_ROW_SCALE = AMAX_EPS / FP8_MAX
 
 _METHODS = ("fp8_block",)
 
@@ -78,6 +82,11 @@ class QuantConfig:
             raise ValueError(f"QuantConfig.act_group={g} must equal weight_block[1]="
                              f"{wb[1]} (one activation and one weight scale per K step)")
 
+    def scale_shape(self, n: int, k: int) -> tuple[int, int]:
+        """``(ceil(n / bn), ceil(k / bk))``: the ``scale_inv`` blocks of an ``[n, k]`` weight."""
+        bn, bk = self.weight_block
+        return -(-n // bn), -(-k // bk)
+
 
 @dataclass(frozen=True, eq=False)
 class QuantizedRows:
@@ -106,6 +115,27 @@ class QuantizedRows:
     def shape(self) -> torch.Size:
         return self.data.shape
 
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ExpertQuant:
+    """What a backend needs to run the FP8 expert path (``Backend.run_experts(..., quant=)``).
+
+    Fields:
+        config: the layer's :class:`QuantConfig`.
+        w13_scale: ``[S_local, 2I/bn, H/bk]`` fp32 ``scale_inv`` of ``w13`` (e4m3).
+        w2_scale: ``[S_local, H/bn, I/bk]`` fp32 ``scale_inv`` of ``w2`` (e4m3).
+        out_dtype: dtype of the ``[M, H]`` output (the layer's activation dtype).
+    """
+
+    config: QuantConfig
+    w13_scale: torch.Tensor
+    w2_scale: torch.Tensor
+    out_dtype: torch.dtype
+
 
 def _groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, int]:
     """``[..., C]`` -> fp32 ``[..., ceil(C/g), g]`` (zero-padded) and the pad width."""
@@ -127,7 +157,7 @@ def quantize_rows(x: torch.Tensor, group: int = 128) -> QuantizedRows:
     xg, pad = _groups(x, group)
     scale = xg.abs().amax(dim=-1).clamp(min=AMAX_EPS) / FP8_MAX  # [M, G]
     q = (xg / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    q = q.reshape(x.shape[0], -1)
+    q = q.reshape(x.shape[0], xg.shape[-2] * group)  # explicit: M may be 0
     if pad:
         q = q[:, : x.shape[1]].contiguous()
     return QuantizedRows(data=q, scale=scale.contiguous(), group=group)

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from moerun.backends import Backend, backend_candidates, backend_class
+from moerun.backends import Backend, backend_candidates, backend_class, backend_eligibility
 from moerun.capability import Deployment, Eligibility, Problem, RejectReason, SchedulerKind
 from moerun.backends.selection import preferred_order
 from moerun.comm import CommStrategy, strategy_candidates, strategy_class
@@ -98,11 +98,19 @@ class ResolutionReport:
         return "\n".join(lines)
 
 
+def _eligibility(kind: str, cls: type, problem: Problem, deployment: Deployment,
+                 env: Env) -> Eligibility:
+    """A backend's declared capabilities and ``can_implement``; a strategy's ``can_implement``."""
+    if kind == "backend":
+        return backend_eligibility(cls, problem, deployment, env)
+    return cls.can_implement(problem, deployment, env)
+
+
 def _pick(kind: str, requested: Any, candidates: list[type], by_name, problem: Problem,
           deployment: Deployment, env: Env, rejected: list[Rejection]) -> type:
     if requested != "auto":
         cls = by_name(requested) if isinstance(requested, str) else requested
-        elig = cls.can_implement(problem, deployment, env)
+        elig = _eligibility(kind, cls, problem, deployment, env)
         if not elig.ok:
             raise ValueError(f"{kind}={requested!r} cannot run here: {elig.reason.value}: "
                              f"{elig.detail}")
@@ -114,7 +122,7 @@ def _pick(kind: str, requested: Any, candidates: list[type], by_name, problem: P
         return cls
     chosen = None
     for cls in candidates:
-        elig = cls.can_implement(problem, deployment, env)
+        elig = _eligibility(kind, cls, problem, deployment, env)
         if not elig.ok:
             rejected.append(Rejection(kind=kind, name=cls.name, reason=elig.reason,
                                       detail=elig.detail))
@@ -178,6 +186,10 @@ def shared_order_eligibility(order: SharedExpertOrder, problem: Problem,
     if problem.apply_router_weight_on_input:
         return Eligibility.no(RejectReason.SHAPE, "the routed input is scaled by the routing "
                               "weight (Llama 4); the shared expert reads it unscaled")
+    if problem.quant is not None:
+        return Eligibility.no(RejectReason.QUANT, "the routed experts are FP8 and the shared "
+                              "expert is not (it runs unquantized in the activation dtype); it "
+                              "cannot ride in the fp8 expert slots")
     return Eligibility.yes()
 
 

@@ -2,7 +2,10 @@
 
 Every rank (and the single-process reference) draws the same global tensors from ``seed``,
 then takes its own rows; the reference runs :func:`moerun.backends.reference_moe` in fp64 on
-the whole batch.
+the whole batch. For an FP8 config (``cfg.quant``) the routed weights are drawn in fp32 and
+quantized per block (:func:`moerun.quant.quantize_weight_blocks`); the reference is then
+DESIGN 11a's (:func:`moerun.quant.reference_fp8_moe`), and :func:`unquantized_reference`
+gives the fp64 layer with the dequantized weights and unquantized activations.
 """
 
 from __future__ import annotations
@@ -14,11 +17,17 @@ import torch.nn.functional as F
 
 from moerun.config import MoEConfig
 from moerun.backends import reference_moe
+from moerun.quant import dequantize_weight_blocks, quantize_weight_blocks, reference_fp8_moe
 from moerun.routing import route
 
 # DESIGN 2 bounds on ||out - ref|| / ||ref||, ref in fp64.
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 TOL_MULTIRANK_BF16 = 2e-2
+# DESIGN 11a / issue 12: an FP8 layer against reference_fp8_moe, and against the fp64 layer
+# with the dequantized weights and unquantized activations (e4m3 keeps 3 mantissa bits: each
+# quantized activation is off by up to 2^-4 relative, two of them per expert).
+TOL_FP8 = 3e-2
+TOL_FP8_UNQUANTIZED = 6e-2
 
 
 @dataclass
@@ -29,6 +38,8 @@ class GlobalCase:
     w2: torch.Tensor  # [E, H, I]
     shared: dict | None
     bias: torch.Tensor | None
+    w13_scale: torch.Tensor | None = None  # [E, 2I/bn, H/bk] fp32 (FP8 configs: w13 is e4m3)
+    w2_scale: torch.Tensor | None = None  # [E, H/bn, I/bk] fp32 (FP8 configs: w2 is e4m3)
 
 
 def make_case(cfg: MoEConfig, total_tokens: int, seed: int) -> GlobalCase:
@@ -49,7 +60,13 @@ def make_case(cfg: MoEConfig, total_tokens: int, seed: int) -> GlobalCase:
         if cfg.shared_expert_gate:
             shared["gate"] = rnd(1, h, scale=h ** -0.5)
     bias = torch.randn(e, generator=g) * 0.1 if cfg.routing.uses_correction_bias else None
-    return GlobalCase(x=x, logits=logits, w13=w13, w2=w2, shared=shared, bias=bias)
+    if cfg.quant is None:
+        return GlobalCase(x=x, logits=logits, w13=w13, w2=w2, shared=shared, bias=bias)
+    # FP8: the same draws (in cfg.dtype), quantized per weight block
+    q13, s13 = quantize_weight_blocks(w13, cfg.quant.weight_block)
+    q2, s2 = quantize_weight_blocks(w2, cfg.quant.weight_block)
+    return GlobalCase(x=x, logits=logits, w13=q13, w2=q2, shared=shared, bias=bias,
+                      w13_scale=s13, w2_scale=s2)
 
 
 def shared_reference(x: torch.Tensor, shared: dict) -> torch.Tensor:
@@ -64,14 +81,37 @@ def shared_reference(x: torch.Tensor, shared: dict) -> torch.Tensor:
 
 
 def reference_output(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
-    """Unsharded fp64 reference for the whole global batch: ``[T_total, H]`` fp64."""
+    """Unsharded fp64 reference for the whole global batch: ``[T_total, H]`` fp64. For an
+    FP8 config: :func:`moerun.quant.reference_fp8_moe` (fp32 accumulation, returned in
+    ``cfg.dtype``) plus the fp64 shared expert."""
     routed = route(case.logits, top_k=cfg.top_k, config=cfg.routing, correction_bias=case.bias)
+    if cfg.quant is not None:
+        # out_dtype = the activation dtype, as the layer returns it
+        out = reference_fp8_moe(case.x, case.w13, case.w13_scale, case.w2, case.w2_scale,
+                                routed.topk_weights, routed.topk_ids, cfg.quant,
+                                out_dtype=cfg.dtype).double()
+        if case.shared is not None:
+            out = out + shared_reference(case.x, case.shared)
+        return out
     x = case.x.double()
     weights = routed.topk_weights
     if cfg.apply_router_weight_on_input:
         x = x * weights.double()
         weights = torch.ones_like(weights)
     out = reference_moe(x, case.w13.double(), case.w2.double(), weights, routed.topk_ids)
+    if case.shared is not None:
+        out = out + shared_reference(case.x, case.shared)
+    return out
+
+
+def unquantized_reference(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
+    """The fp64 layer of an FP8 ``case`` with its dequantized weights and unquantized
+    activations (the second FP8 bar): ``[T_total, H]`` fp64."""
+    assert cfg.quant is not None, "unquantized_reference is for FP8 configs"
+    routed = route(case.logits, top_k=cfg.top_k, config=cfg.routing, correction_bias=case.bias)
+    w13 = dequantize_weight_blocks(case.w13, case.w13_scale, cfg.quant.weight_block).double()
+    w2 = dequantize_weight_blocks(case.w2, case.w2_scale, cfg.quant.weight_block).double()
+    out = reference_moe(case.x.double(), w13, w2, routed.topk_weights, routed.topk_ids)
     if case.shared is not None:
         out = out + shared_reference(case.x, case.shared)
     return out

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover - type names only
     from moerun.comm import CommStrategy, Communicator
     from moerun.config import MoEConfig
     from moerun.mapping import Mapping
+    from moerun.quant import ExpertQuant
     from moerun.routing import Router
     from moerun.shared_expert import SharedExpert, SharedRegime
     from moerun.streams import LayerStreams
@@ -43,7 +44,9 @@ class LayerView(Protocol):
     Fields: ``config``, ``mapping``, ``device``, ``layer_idx``; ``router`` (routing, torch
     or fused kernel), ``backend``, ``strategy``, ``communicator``, ``balancer`` (the hook
     seam; ``balancer.enabled`` False = no hooks), ``shared_expert`` (or None); ``streams``
-    (the layer's aux stream owner); weights ``w13 [S_local, 2I, H]``, ``w2 [S_local, H, I]``;
+    (the layer's aux stream owner); weights ``w13 [S_local, 2I, H]``, ``w2 [S_local, H, I]``
+    (e4m3 for a quantized layer, with ``w13_scale`` / ``w2_scale`` fp32 block scales, else
+    None) and ``expert_quant`` (the backend's ``quant=`` argument, None when unquantized);
     counters ``step`` (forwards so far), ``repeat_idx``/``repeat_count``; ``recorder``
     (optional schedule recorder); ``chunk_overlap`` (allowed to use the aux stream).
 
@@ -68,6 +71,9 @@ class LayerView(Protocol):
     streams: "LayerStreams"
     w13: torch.Tensor
     w2: torch.Tensor
+    w13_scale: torch.Tensor | None
+    w2_scale: torch.Tensor | None
+    expert_quant: "ExpertQuant | None"
     step: int
     repeat_idx: int
     repeat_count: int

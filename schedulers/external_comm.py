@@ -1,9 +1,12 @@
 """``ExternalCommScheduler``: the host issues dispatch and combine (DESIGN 4.1).
 
     counts + agreed checks -> plan (zero-token fix, chunks) -> comm method -> [aux shared]
-    -> per chunk: [start_wait] route [done_wait] statistic eplb.route dispatch | experts
-    [start_set] combine | [shared during combine |] combine.wait [done_set] -> strip padding,
-    shared expert, return
+    -> per chunk: [start_wait] route [done_wait] statistic eplb.route [quantize] dispatch |
+    [quantize] experts [start_set] combine | [shared during combine |] combine.wait
+    [done_set] -> strip padding, shared expert, return
+
+``[quantize]`` only for an FP8 layer (DESIGN 11a): before dispatch where the strategy
+``supports_post_quant_dispatch()`` (fp8 rows plus scales travel), else after it.
 
 Stateless: every per-forward value lives in the :class:`~schedulers.context.ForwardContext`
 that :meth:`ExternalCommScheduler.begin` creates; the layer is read through
@@ -191,6 +194,10 @@ class ExternalCommScheduler:
             x = x * weights.to(x.dtype)
             weights = (ids >= 0).to(torch.float32)
         strategy = ctx.strategy
+        quant = layer.config.quant
+        if quant is not None and strategy.supports_post_quant_dispatch():
+            with tracer.phase("quantize", stream=role):  # 4.1 step 5: fp8 rows travel
+                x = layer.backend.quantize_rows(x, quant)
         with tracer.phase("dispatch", stream="comm"):
             prepared = strategy.prepare_dispatch(slot_ids, plan.chunks[c], ctx.cursor)
             return strategy.dispatch(x, slot_ids, weights, prepared=prepared, async_op=True)
@@ -202,18 +209,37 @@ class ExternalCommScheduler:
         with tracer.phase("dispatch.wait", stream=role):
             dispatched.wait()
         ids, weights, fused = shared_expert.fuse(layer, ctx, c, dispatched)
-        with tracer.phase("experts", stream=role):
-            if fused is None:
-                expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
-                                                       weights, ids)
-            else:  # FUSED: the shared slots ride along in the routed kernels
-                expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
-                                                       weights, ids, shared=fused)
+        if layer.config.quant is not None:  # FP8 (DESIGN 11a); never FUSED
+            expert_out = self._run_quantized(layer, ctx, dispatched, ids, weights, role)
+        else:
+            with tracer.phase("experts", stream=role):
+                if fused is None:
+                    expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
+                                                           weights, ids)
+                else:  # FUSED: the shared slots ride along in the routed kernels
+                    expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
+                                                           weights, ids, shared=fused)
         if bal.enabled and ctx.hooks_end and c == ctx.plan.num_chunks - 1:
             with tracer.phase("eplb.start_set_cpu", stream=role):
                 bal.start_set_cpu(ctx)
         with tracer.phase("combine", stream="comm"):
             return ctx.strategy.combine(expert_out, dispatched, async_op=True)
+
+    @staticmethod
+    def _run_quantized(layer: LayerView, ctx: ForwardContext, dispatched: Any,
+                       ids: torch.Tensor, weights: torch.Tensor, role: str) -> torch.Tensor:
+        """The FP8 experts of one chunk: the dispatched rows are
+        :class:`~moerun.quant.QuantizedRows` under post-quant dispatch; otherwise they are
+        activation-dtype rows, quantized first under a ``quantize`` range (4.1 step 5's
+        dispatch-then-quantize order). Then the ``experts`` range. Returns ``[M, H]`` in the
+        activation dtype. No host sync beyond the backend's."""
+        x = dispatched.x
+        if not ctx.strategy.supports_post_quant_dispatch():
+            with ctx.tracer.phase("quantize", stream=role):
+                x = layer.backend.quantize_rows(x, layer.config.quant)
+        with ctx.tracer.phase("experts", stream=role):
+            return layer.backend.run_experts(x, layer.w13, layer.w2, weights, ids,
+                                             quant=layer.expert_quant)
 
     def finish_chunk(self, layer: LayerView, ctx: ForwardContext, c: int, handle: Any,
                      role: str) -> torch.Tensor:

@@ -23,6 +23,7 @@ from torch import nn
 
 from moerun._hf_config import SUPPORTED_MODEL_TYPES, moe_config_kwargs
 from moerun.config import MoEConfig, RoutingConfig, RoutingMethod
+from moerun.quant import QuantConfig
 
 M = RoutingMethod
 # DESIGN 2: fp32 bound on ||out - ref|| / ||ref|| (fp64 norms). Both sides do the same fp32
@@ -122,7 +123,7 @@ CONFIG_CASES = {
     "deepseek-v3": (DEEPSEEK_V3, MoEConfig(
         num_experts=256, top_k=8, hidden_size=7168, intermediate_size=2048, dtype=BF16,
         routing=_routing(M.NOAUX_TC, renormalize=True, groups=8, topk_group=4, scale=2.5),
-        shared_intermediate_size=2048)),
+        shared_intermediate_size=2048, quant=QuantConfig())),  # its fp8 128x128 checkpoint
     "llama4-scout": (LLAMA4_SCOUT, MoEConfig(
         num_experts=16, top_k=1, hidden_size=5120, intermediate_size=8192, dtype=BF16,
         routing=_routing(M.LLAMA4), apply_router_weight_on_input=True,

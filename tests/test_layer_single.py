@@ -109,7 +109,7 @@ class RecordingBalancer:
 
 
 def _expected_chunk_phases(first: bool, last: bool) -> list[str]:
-    """DESIGN 4.1 step 5 as recorder phases (no quantizing backend yet: no ``quantize``)."""
+    """DESIGN 4.1 step 5 as recorder phases (an unquantized layer: no ``quantize``)."""
     return (["chunk"] + (["eplb.start_wait_gpu"] if first else []) + ["route"]
             + (["eplb.done_wait_gpu"] if first else [])
             + ["eplb.update_statistic", "eplb.route", "dispatch", "dispatch.wait", "experts"]

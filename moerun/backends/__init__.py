@@ -9,6 +9,7 @@ from moerun.backends.base import (
     Problem,
     RejectReason,
     SchedulerKind,
+    backend_eligibility,
 )
 from moerun.backends.reference import ReferenceExperts, reference_moe
 
@@ -19,6 +20,7 @@ __all__ = [
     "Problem",
     "RejectReason",
     "SchedulerKind",
+    "backend_eligibility",
     "ReferenceExperts",
     "reference_moe",
     "BACKEND_NAMES",

@@ -20,6 +20,7 @@ from moerun.capability import (
     SchedulerKind,
 )
 from moerun.env import Env
+from moerun.quant import ExpertQuant, QuantConfig, QuantizedRows, quantize_rows
 
 __all__ = [
     "SchedulerKind",
@@ -29,6 +30,7 @@ __all__ = [
     "Deployment",
     "FusedShared",
     "Backend",
+    "backend_eligibility",
 ]
 
 
@@ -63,12 +65,17 @@ class Backend(abc.ABC):
         scheduler_kind: :class:`SchedulerKind`.
         supports_non_divisible_ep: may run when ``S % ep_size != 0``.
         supports_fused_shared: ``run_experts`` accepts ``shared=`` (:class:`FusedShared`).
+        supports_fp8_block: ``run_experts`` accepts ``quant=`` (:class:`~moerun.quant.
+            ExpertQuant`): e4m3 weights with fp32 per-block scales and already quantized
+            rows (DESIGN 11a). ``resolve`` rejects a backend without it for a quantized layer
+            (:func:`backend_eligibility`, reason ``QUANT``).
     """
 
     name: ClassVar[str]
     scheduler_kind: ClassVar[SchedulerKind] = SchedulerKind.EXTERNAL_COMM
     supports_non_divisible_ep: ClassVar[bool] = False
     supports_fused_shared: ClassVar[bool] = False
+    supports_fp8_block: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod
@@ -84,22 +91,47 @@ class Backend(abc.ABC):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         shared: FusedShared | None = None,
+        *,
+        quant: ExpertQuant | None = None,
     ) -> torch.Tensor:
         """Expert compute for this rank's slots.
 
         Args:
-            x: ``[M, H]`` activations (fp32/fp16/bf16; fp64 for the reference).
-            w13: ``[S_local, 2*I, H]`` gate rows then up rows.
-            w2: ``[S_local, H, I]``.
+            x: ``[M, H]`` activations (fp32/fp16/bf16; fp64 for the reference); with
+                ``quant``, a :class:`~moerun.quant.QuantizedRows` (e4m3 ``[M, H]`` plus fp32
+                ``[M, H/g]`` scales), always quantized by the caller
+                (:meth:`quantize_rows`).
+            w13: ``[S_local, 2*I, H]`` gate rows then up rows (e4m3 with ``quant``).
+            w2: ``[S_local, H, I]`` (e4m3 with ``quant``).
             topk_weights: ``[M, K]`` fp32.
             topk_ids: ``[M, K]`` int32 local slot ids in ``[0, S_local)`` or ``-1``; with
                 ``shared``, also ``[S_local, S_local + n)`` for the shared slots.
-            shared: the shared expert's slots (only where ``supports_fused_shared``).
+            shared: the shared expert's slots (only where ``supports_fused_shared``; never
+                together with ``quant``).
+            quant: the FP8 block-scaled path (only where ``supports_fp8_block``): the
+                weight scales, the :class:`~moerun.quant.QuantConfig` and the output dtype.
 
         Returns:
-            ``[M, H]`` in ``x.dtype``: the weighted sum over this rank's (t, j) pairs; rows with
-            no local pair are exactly zero. Runs on the current stream; no collective.
+            ``[M, H]`` in ``x.dtype`` (with ``quant``: in ``quant.out_dtype``): the weighted
+            sum over this rank's (t, j) pairs; rows with no local pair are exactly zero. Runs
+            on the current stream; no collective.
         """
+
+    def quantize_rows(self, x: torch.Tensor, config: QuantConfig) -> QuantizedRows:
+        """Quantize activations ``x [M, H]`` (any float dtype) per row and
+        ``config.act_group`` columns to e4m3 (:func:`moerun.quant.quantize_rows`, the numbers
+        of DESIGN 11a; a backend may override it with a kernel that gives the same bytes).
+
+        Returns :class:`~moerun.quant.QuantizedRows` on ``x.device``. Runs on the current
+        stream; no host sync; no collective; capturable. A zero row gets zero codes and the
+        scale :data:`moerun.quant.ZERO_ROW_SCALE`.
+        """
+        return quantize_rows(x, config.act_group)
+
+    @classmethod
+    def eligibility(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        """:func:`backend_eligibility` of this class (declarations, then ``can_implement``)."""
+        return backend_eligibility(cls, problem, deployment, env)
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:
         """Peak temporary bytes for ``rows`` rows of one chunk (for the resolution report)."""
@@ -107,3 +139,16 @@ class Backend(abc.ABC):
         k, h, i = problem.top_k, problem.hidden_size, problem.intermediate_size
         # gathered rows + gate/up activations + expert outputs, per (t, j) pair, plus fp32 sum
         return rows * k * (h + 2 * i + h) * elt + rows * h * 4
+
+
+def backend_eligibility(cls: type[Backend], problem: Problem, deployment: Deployment,
+                        env: Env) -> Eligibility:
+    """Whether backend class ``cls`` can run ``problem``: its declared capabilities first
+    (a quantized problem needs ``supports_fp8_block``, else ``RejectReason.QUANT``), then its
+    own pure ``can_implement``. What ``resolve`` and ``fused_experts`` ask. Pure."""
+    if problem.quant is not None and not cls.supports_fp8_block:
+        return Eligibility.no(
+            RejectReason.QUANT,
+            f"{cls.name} has no FP8 block-scaled path (supports_fp8_block=False); the "
+            "'reference' backend runs it on any device")
+    return cls.can_implement(problem, deployment, env)

@@ -192,9 +192,13 @@ class GroupedMMExperts(Backend):
                     f"multiple of {_STRIDE_ALIGN_BYTES} B")
         return Eligibility.yes()
 
-    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None):
-        """See :func:`grouped_mm_experts` (no host sync; CUDA-graph safe). ``shared`` is not
-        supported (``supports_fused_shared`` is False)."""
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None, *, quant=None):
+        """See :func:`grouped_mm_experts` (no host sync; CUDA-graph safe). ``shared`` and
+        ``quant`` are not supported (``supports_fused_shared`` and ``supports_fp8_block``
+        are False)."""
+        if quant is not None:
+            raise ValueError("GroupedMMExperts has no FP8 block-scaled path "
+                             "(supports_fp8_block=False); use backend='reference'")
         if shared is not None:
             raise ValueError("GroupedMMExperts does not fuse the shared expert; use another "
                              "shared_expert_order")

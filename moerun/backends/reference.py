@@ -1,6 +1,7 @@
 """``ReferenceExperts``: the torch oracle every other backend is compared with.
 
-Runs on any device and dtype (fp64 included). It loops over local slots and uses boolean
+Runs on any device and dtype (fp64 included), and the FP8 block-scaled path (DESIGN 11a)
+through :func:`moerun.quant.reference_fp8_moe`, the definition of its numbers. It loops over local slots and uses boolean
 masks and ``nonzero`` (host-synchronising, not capturable): it is the oracle, not the fast
 path.
 """
@@ -16,6 +17,7 @@ from moerun.backends.base import Backend, FusedShared
 from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.config import Activation
 from moerun.env import Env
+from moerun.quant import ExpertQuant, QuantizedRows, reference_fp8_moe
 
 __all__ = ["ReferenceExperts", "reference_moe", "slot_w13", "slot_w2"]
 
@@ -81,11 +83,13 @@ def reference_moe(
 
 
 class ReferenceExperts(Backend):
-    """The oracle backend: any device, any float dtype, non-divisible EP."""
+    """The oracle backend: any device, any float dtype, non-divisible EP, FP8 block-scaled
+    experts (the CPU path of a quantized layer)."""
 
     name: ClassVar[str] = "reference"
     supports_non_divisible_ep: ClassVar[bool] = True
     supports_fused_shared: ClassVar[bool] = True
+    supports_fp8_block: ClassVar[bool] = True
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
@@ -93,5 +97,18 @@ class ReferenceExperts(Backend):
             return Eligibility.no(RejectReason.ACTIVATION, f"{problem.activation} unsupported")
         return Eligibility.yes()
 
-    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None):
-        return reference_moe(x, w13, w2, topk_weights, topk_ids, shared)
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None, *,
+                    quant: ExpertQuant | None = None):
+        """See :meth:`Backend.run_experts`. With ``quant``: :func:`moerun.quant.
+        reference_fp8_moe` on the already quantized rows, output in ``quant.out_dtype``.
+        Host sync: yes (``nonzero`` per slot)."""
+        if quant is None:
+            return reference_moe(x, w13, w2, topk_weights, topk_ids, shared)
+        if shared is not None:
+            raise ValueError("run_experts(quant=..., shared=...): the shared expert is not "
+                             "FP8 (dequantized at load); it cannot ride in the fp8 slots")
+        if not isinstance(x, QuantizedRows):
+            raise TypeError(f"run_experts(quant=...) takes x as moerun.quant.QuantizedRows "
+                            f"(quantize with backend.quantize_rows), got {type(x).__name__}")
+        return reference_fp8_moe(x, w13, quant.w13_scale, w2, quant.w2_scale, topk_weights,
+                                 topk_ids, quant.config, out_dtype=quant.out_dtype)

@@ -8,6 +8,10 @@ still take part in every all-to-all.
 
 Example, R=2, slots {0,1} on rank 0 and {2,3} on rank 1, token t0 -> slots (0, 2), t1 -> (1, 0):
     rank 0 sends t0, t1 to itself (ids (0,-1), (1,0)) and t0 to rank 1 (ids (-1, 0)).
+
+Post-quant dispatch (:class:`~moerun.quant.QuantizedRows`, DESIGN 11a): the e4m3 rows travel
+as their ``uint8`` bytes and the fp32 scales bit-cast in the int32 metadata beside ids and
+weights: still two data all-to-alls, ``H + 8K + 4H/g`` bytes per sent row (bf16: ``2H + 8K``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from moerun.comm.base import (
 )
 from moerun.comm.communicator import CollectiveCursor
 from moerun.env import Env
+from moerun.quant import FP8_DTYPE, QuantizedRows
 
 __all__ = ["AllToAll"]
 
@@ -74,29 +79,48 @@ class AllToAll(CommStrategy):
         layout = _A2ALayout(send_rows=rows, send_dest=dest, send_counts=tuple(counts))
         return PreparedDispatch(chunk=chunk, cursor=cursor, layout=layout)
 
-    def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
-                 async_op: bool = False) -> DispatchResult:
-        layout: _A2ALayout = prepared.layout
-        cur = prepared.cursor
-        k = topk_ids.shape[1]
-        device = x.device
-        # 1. exchange row counts (host sync: receive sizes are needed to allocate)
+    def supports_post_quant_dispatch(self) -> bool:
+        """True: e4m3 bytes plus fp32 scales are exchanged (module docstring)."""
+        return True
+
+    def _recv_counts(self, layout: _A2ALayout, cur: CollectiveCursor,
+                     device: torch.device) -> tuple[int, ...]:
+        """Rows this rank receives from each rank: an all-to-all of the send counts, waited.
+        NOTE: host sync (receive sizes are needed to allocate)."""
         send_counts_t = torch.tensor(layout.send_counts, dtype=torch.int64, device=device)
         recv_counts_t = torch.empty_like(send_counts_t)
         ones = [1] * self.world_size
         self.comm.all_to_all_single(recv_counts_t, send_counts_t, ones, ones,
                                     phase="dispatch", cursor=cur).wait()
-        recv_counts = tuple(recv_counts_t.tolist())  # NOTE: host sync
-        num_recv = sum(recv_counts)
-        # 2. rows with ids relative to their destination rank
+        return tuple(recv_counts_t.tolist())  # NOTE: host sync
+
+    def _send_ids(self, topk_ids: torch.Tensor, layout: _A2ALayout) -> torch.Tensor:
+        """``[N, K]`` int32 ids of the sent rows relative to their destination rank (-1 for
+        another rank's slot)."""
         ids = topk_ids[layout.send_rows].to(torch.int64)  # [N, K]
         owner = self.partition.owner_of(ids)
-        starts = torch.tensor(self.partition.starts[:-1], dtype=torch.int64, device=device)
+        starts = torch.tensor(self.partition.starts[:-1], dtype=torch.int64,
+                              device=topk_ids.device)
         dest = layout.send_dest[:, None]
-        local_ids = torch.where(owner == dest, ids - starts[layout.send_dest][:, None],
-                                torch.full_like(ids, -1)).to(torch.int32)
-        meta = torch.cat([local_ids, topk_weights[layout.send_rows].to(torch.float32)
-                          .view(torch.int32)], dim=1).contiguous()
+        return torch.where(owner == dest, ids - starts[layout.send_dest][:, None],
+                           torch.full_like(ids, -1)).to(torch.int32)
+
+    def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
+                 async_op: bool = False) -> DispatchResult:
+        if isinstance(x, QuantizedRows):
+            return self._dispatch_quantized(x, topk_ids, topk_weights, prepared=prepared,
+                                            async_op=async_op)
+        layout: _A2ALayout = prepared.layout
+        cur = prepared.cursor
+        k = topk_ids.shape[1]
+        device = x.device
+        # 1. exchange row counts (host sync: receive sizes are needed to allocate)
+        recv_counts = self._recv_counts(layout, cur, device)
+        num_recv = sum(recv_counts)
+        # 2. rows with ids relative to their destination rank
+        meta = torch.cat([self._send_ids(topk_ids, layout),
+                          topk_weights[layout.send_rows].to(torch.float32).view(torch.int32)],
+                         dim=1).contiguous()
         send_x = x[layout.send_rows].contiguous()
         recv_x = x.new_empty((num_recv, x.shape[1]))
         recv_meta = meta.new_empty((num_recv, 2 * k))
@@ -118,10 +142,52 @@ class AllToAll(CommStrategy):
             pending=(p_x, p_meta))
         return result if async_op else result.wait()
 
+    def _dispatch_quantized(self, q: QuantizedRows, topk_ids: torch.Tensor,
+                            topk_weights: torch.Tensor, *, prepared: PreparedDispatch,
+                            async_op: bool) -> DispatchResult:
+        """:meth:`dispatch` of quantized rows: the count exchange (host sync), then ``[N, H]``
+        e4m3 bytes and ``[N, 2K + G]`` int32 (ids, bit-cast weights, bit-cast scales)."""
+        layout: _A2ALayout = prepared.layout
+        cur = prepared.cursor
+        k, h, groups = topk_ids.shape[1], q.shape[1], q.scale.shape[1]
+        device = q.device
+        recv_counts = self._recv_counts(layout, cur, device)
+        num_recv = sum(recv_counts)
+        rows = layout.send_rows
+        meta = torch.cat([self._send_ids(topk_ids, layout),
+                          topk_weights[rows].to(torch.float32).view(torch.int32),
+                          q.scale[rows].view(torch.int32)], dim=1).contiguous()
+        send_data = q.data.view(torch.uint8)[rows].contiguous()
+        recv_data = torch.empty((num_recv, h), dtype=torch.uint8, device=device)
+        recv_meta = meta.new_empty((num_recv, 2 * k + groups))
+        ids_out = torch.empty((num_recv, k), dtype=torch.int32, device=device)
+        w_out = torch.empty((num_recv, k), dtype=torch.float32, device=device)
+        scale_out = torch.empty((num_recv, groups), dtype=torch.float32, device=device)
+
+        def unpack() -> None:
+            ids_out.copy_(recv_meta[:, :k])
+            w_out.copy_(recv_meta[:, k:2 * k].view(torch.float32))
+            scale_out.copy_(recv_meta[:, 2 * k:].view(torch.float32))
+
+        out_splits, in_splits = list(recv_counts), list(layout.send_counts)
+        p_x = self.comm.all_to_all_single(recv_data, send_data, out_splits, in_splits,
+                                          phase="dispatch", cursor=cur)
+        p_meta = self.comm.all_to_all_single(recv_meta, meta, out_splits, in_splits,
+                                             phase="dispatch", cursor=cur, then=unpack)
+        received = QuantizedRows(data=recv_data.view(FP8_DTYPE), scale=scale_out,
+                                 group=q.group)
+        result = DispatchResult(
+            x=received, topk_ids=ids_out, topk_weights=w_out, counts_per_source=recv_counts,
+            cursor=cur, meta=_A2AMeta(layout=layout, recv_counts=recv_counts,
+                                      num_rows=q.shape[0]),
+            pending=(p_x, p_meta))
+        return result if async_op else result.wait()
+
     def combine(self, expert_out, dispatch: DispatchResult, *, async_op: bool = False):
         meta: _A2AMeta = dispatch.meta
         layout = meta.layout
-        out_dtype = dispatch.x.dtype
+        x = dispatch.x  # quantized rows: the experts' output dtype (the activation dtype)
+        out_dtype = x.dtype if isinstance(x, torch.Tensor) else expert_out.dtype
         partial = expert_out.to(torch.float32).contiguous()
         back = partial.new_empty((layout.send_rows.shape[0], partial.shape[1]))
         pending = self.comm.all_to_all_single(back, partial, list(layout.send_counts),

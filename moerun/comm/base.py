@@ -19,6 +19,7 @@ from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.comm.communicator import CollectiveCursor, Communicator, Pending
 from moerun.env import Env
 from moerun.mapping import SlotPartition
+from moerun.quant import QuantizedRows
 
 __all__ = [
     "ChunkCounts",
@@ -69,7 +70,9 @@ class DispatchResult:
     """What a rank received for one chunk.
 
     Fields (valid after ``wait()``):
-        x: ``[M, H]`` received rows (x.dtype).
+        x: ``[M, H]`` received rows (x.dtype); under post-quant dispatch a
+            :class:`~moerun.quant.QuantizedRows` (e4m3 rows, bit for bit the sender's, and
+            their fp32 scales).
         topk_ids: ``[M, K]`` int32 local slot ids in ``[0, S_local)``, ``-1`` elsewhere.
         topk_weights: ``[M, K]`` fp32.
         counts_per_source: rows received from each rank (host ints).
@@ -77,7 +80,7 @@ class DispatchResult:
         meta: opaque combine metadata (strategy-specific).
     """
 
-    x: torch.Tensor
+    x: torch.Tensor | QuantizedRows
     topk_ids: torch.Tensor
     topk_weights: torch.Tensor
     counts_per_source: tuple[int, ...]
@@ -169,7 +172,10 @@ class CommStrategy(abc.ABC):
         raise NotImplementedError(f"{self.name} does not keep this rank's rows identifiable")
 
     def supports_post_quant_dispatch(self) -> bool:
-        """Whether quantization may happen before dispatch (no quantizing backend yet)."""
+        """Whether :meth:`dispatch` moves :class:`~moerun.quant.QuantizedRows` (DESIGN 4.1
+        step 5): a quantized layer then quantizes once before dispatch and fp8 rows plus
+        scales travel; otherwise it dispatches activation-dtype rows and quantizes after.
+        Pure; rank-identical (a class declaration)."""
         return False
 
     def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts,
@@ -179,17 +185,21 @@ class CommStrategy(abc.ABC):
         return PreparedDispatch(chunk=chunk, cursor=cursor)
 
     @abc.abstractmethod
-    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
-                 prepared: PreparedDispatch, async_op: bool = False) -> DispatchResult:
+    def dispatch(self, x: torch.Tensor | QuantizedRows, topk_ids: torch.Tensor,
+                 topk_weights: torch.Tensor, *, prepared: PreparedDispatch,
+                 async_op: bool = False) -> DispatchResult:
         """Send this rank's ``[n, H]`` rows (ids ``[n, K]`` global slots, weights fp32) to the
         ranks holding their slots. Collective (except NoComm). With ``async_op`` the result's
-        tensors are valid only after ``wait()``."""
+        tensors are valid only after ``wait()``. ``x`` may be
+        :class:`~moerun.quant.QuantizedRows` only where :meth:`supports_post_quant_dispatch`;
+        the received rows are then ``QuantizedRows`` too."""
 
     @abc.abstractmethod
     def combine(self, expert_out: torch.Tensor, dispatch: DispatchResult, *,
                 async_op: bool = False) -> torch.Tensor | CombineHandle:
         """Return each source rank's partial sums and add them: ``[n, H]`` in x.dtype
-        (fp32 accumulation for bf16/fp16). Collective (except NoComm)."""
+        (fp32 accumulation for bf16/fp16; for quantized rows, in ``expert_out.dtype``, the
+        layer's activation dtype). Collective (except NoComm)."""
 
     def destroy(self) -> None:
         """Release resources (none for the torch.distributed strategies)."""

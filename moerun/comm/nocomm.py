@@ -28,6 +28,11 @@ class NoComm(CommStrategy):
                                   f"NoComm needs one rank, group has {deployment.world_size}")
         return Eligibility.yes()
 
+    def supports_post_quant_dispatch(self) -> bool:
+        """True: "dispatch" moves nothing, so quantizing before it is the same work, and the
+        ``quantize`` range sits where it does on several ranks."""
+        return True
+
     def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
                  async_op: bool = False) -> DispatchResult:
         if topk_ids.dtype != torch.int32:
