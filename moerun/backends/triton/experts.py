@@ -66,6 +66,7 @@ class TritonExperts(Backend):
     name: ClassVar[str] = "triton"
     supports_non_divisible_ep: ClassVar[bool] = True  # it only ever sees local slots
     supports_fused_shared: ClassVar[bool] = True
+    supports_fp8_block: ClassVar[bool] = True  # fp8.py; CUDA sm89+ or the interpreter
 
     def __init__(self, configs=None):
         self._configs = configs
@@ -80,6 +81,12 @@ class TritonExperts(Backend):
         if problem.dtype not in _DTYPES:
             return Eligibility.no(RejectReason.DTYPE, f"{problem.dtype} unsupported "
                                   "(fp32, fp16, bf16)")
+        quant = getattr(problem, "quant", None)
+        if quant is not None and (quant.weight_block != (128, 128) or quant.act_group != 128):
+            return Eligibility.no(RejectReason.QUANT,
+                                  f"fp8 kernels use 128x128 weight blocks and 128-column "
+                                  f"activation groups, not {quant.weight_block}/"
+                                  f"{quant.act_group}")
         if problem.device_type == "cpu":
             if not env.triton_interpret:
                 return Eligibility.no(RejectReason.INTERPRETER,
@@ -100,6 +107,10 @@ class TritonExperts(Backend):
             return Eligibility.no(RejectReason.DEVICE,
                                   f"needs a CUDA GPU of sm80 or newer, have {env.device_name} "
                                   f"{env.device_capability}")
+        if quant is not None and env.device_capability < (8, 9):
+            return Eligibility.no(RejectReason.DEVICE,
+                                  f"fp8 tensor-core dots need sm89 or newer, have "
+                                  f"{env.device_name} {env.device_capability}")
         return Eligibility.yes()
 
     def _table(self):
@@ -114,8 +125,51 @@ class TritonExperts(Backend):
         """The :class:`ExpertsConfig` a call with these sizes uses (host-only lookup)."""
         return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k, dtype)
 
-    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None):
+    def quantize_rows(self, x, config):
+        """One Triton launch (``fp8.quantize_rows_fp8``) for 128-column groups; the torch
+        function otherwise. Same numbers either way; no host sync."""
+        if config.act_group == 128 and x.dim() == 2 and x.shape[1] % 128 == 0 and \
+                x.stride(1) == 1:
+            from moerun.backends.triton.fp8 import quantize_rows_fp8
+
+            return quantize_rows_fp8(x)
+        return super().quantize_rows(x, config)
+
+    def fp8_config_for(self, num_slots: int, inter: int, hidden: int, num_tokens: int,
+                       top_k: int):
+        """The fp8 :class:`ExpertsConfig` a call with these sizes uses (host-only)."""
+        from moerun.backends.triton.fp8 import fp8_default_config
+
+        return fp8_default_config(num_slots, inter, hidden, num_tokens, top_k)
+
+    def _run_fp8(self, x, w13, w2, topk_weights, topk_ids, shared, quant):
+        from moerun.backends.triton.fp8 import run_experts_fp8
+
+        if shared is not None:
+            raise ValueError("the FUSED shared-expert order does not combine with fp8 "
+                             "experts (the shared expert is not quantized); use another order")
+        m, h = x.shape
+        s, two_i, _ = w13.shape
+        k = topk_ids.shape[1]
+        if m == 0 or k == 0 or s == 0:
+            return torch.zeros(m, h, dtype=quant.out_dtype, device=x.data.device)
+        ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+        if not ids.is_contiguous():
+            ids = ids.contiguous()
+        weights = topk_weights
+        if weights.dtype != torch.float32:
+            weights = weights.to(torch.float32)
+        if not weights.is_contiguous():
+            weights = weights.contiguous()
+        cfg = self.fp8_config_for(s, two_i // 2, h, m, k)
+        return run_experts_fp8(x, w13, w2, quant.w13_scale, quant.w2_scale, weights, ids, cfg,
+                               quant.out_dtype)
+
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None, *, quant=None):
         """See :meth:`Backend.run_experts`. 4 launches (module docstring); no host sync.
+
+        With ``quant`` (``x`` a :class:`~moerun.quant.QuantizedRows`): the fp8 block-scaled
+        kernels of ``fp8.py`` (4 launches; the intermediate travels in fp8 at prefill sizes).
 
         With ``shared`` (the ``FUSED`` order) the alignment covers ``S + n`` slots and the two
         GEMMs read the shared slots from the shared expert's own tensors; the tile config is
@@ -125,6 +179,8 @@ class TritonExperts(Backend):
         from moerun.backends.triton.down import down
         from moerun.backends.triton.gate_up import gate_up
 
+        if quant is not None:
+            return self._run_fp8(x, w13, w2, topk_weights, topk_ids, shared, quant)
         m, h = x.shape
         s, two_i, _ = w13.shape
         inter = two_i // 2
