@@ -73,12 +73,18 @@ def _fake_peers(tmp_path) -> str:
 
 
 def test_parse_shapes_and_tokens():
-    assert [s.name for s in parse_shapes(None)] == ["mixtral8x7b", "qwen3-30b-a3b",
-                                                     "qwen3-235b-a22b", "deepseek-v3"]
+    assert [s.name for s in parse_shapes(None)] == [
+        "mixtral8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
+        "deepseek-v3-ep8-local", "qwen3-235b-ep8-local"]
     assert parse_shapes("tiny,deepseek-v3")[1].num_experts == 256
     with pytest.raises(ValueError, match="unknown shape 'nope'"):
         parse_shapes("tiny,nope")
-    assert parse_tokens(None) == [1, 16, 128, 1024, 8192]
+    custom = parse_shapes("6:3:32:16")[0]
+    assert (custom.name, custom.num_experts, custom.top_k, custom.hidden,
+            custom.intermediate, custom.group) == ("E6k3H32I16", 6, 3, 32, 16, "custom")
+    with pytest.raises(ValueError, match="top_k=7 > num_experts=6"):
+        parse_shapes("6:7:32:16")
+    assert parse_tokens(None) is None  # each shape's own list
     assert parse_tokens("3,5") == [3, 5]
     with pytest.raises(ValueError, match=">= 1"):
         parse_tokens("0")
@@ -190,7 +196,7 @@ def test_results_section_keeps_the_rest_of_the_file(tmp_path):
 _LINE = re.compile(
     r"^cell shape=tiny T=(\d+) hit=[\d.]+ bound=(memory|compute) floor_us=[\d.]+"
     r"( \| (reference|grouped_mm) eager_us=[\d.]+ eager_eff=[\d.]+ graph_us=- graph_eff=- "
-    r"vs_peer=(-|[\d.]+) vs_peer_eager=(-|[\d.]+) err=\S+ ok){2}$")
+    r"vs_peer=(-|[\d.]+) vs_peer_eager=(-|[\d.]+) err=\S+ ok config=\"-\"){2}$")
 
 
 @pytest.mark.parametrize("ceilings,bound,scale", [
@@ -207,8 +213,8 @@ def test_run_lines_json_floor_and_peer_scaling(tmp_path, ceilings, bound, scale)
     assert len(cell_lines) == 3
     for line in cell_lines:
         assert _LINE.match(line), line
-    assert [ln.split()[1] for ln in out.splitlines() if ln.startswith("summary ")] == \
-        ["backend=reference", "backend=grouped_mm"]
+    assert [ln.split()[1:3] for ln in out.splitlines() if ln.startswith("summary ")] == \
+        [["backend=reference", "group=tiny"], ["backend=grouped_mm", "group=tiny"]]
 
     data = json.loads(out_json.read_text())
     for key in ("schema", "command", "date", "device", "dtype", "timer", "settings", "ceilings",
@@ -240,7 +246,8 @@ def test_run_lines_json_floor_and_peer_scaling(tmp_path, ceilings, bound, scale)
         assert math.isclose(gm["vs_peer_eager"], best_raw * scale / gm["eager_us"],
                             rel_tol=REL)
         assert math.isclose(gm["vs_peer"], gm["vs_peer_eager"], rel_tol=REL)  # eager on CPU
-    summary = data["summary"]["grouped_mm"]
+    summary = next(s for s in data["summary"] if s["backend"] == "grouped_mm")
+    assert summary["group"] == "tiny" and summary["cells"] == 3
     effs = [c["backends"]["grouped_mm"]["serving_floor_ratio"] for c in data["cells"]]
     assert math.isclose(summary["geomean_floor_ratio"], geomean(effs), rel_tol=REL)
     assert math.isclose(summary["worst_floor_ratio"], min(effs), rel_tol=REL)
