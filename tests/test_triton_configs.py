@@ -216,3 +216,63 @@ def test_tune_needs_a_gpu_or_plan(capsys):
     assert "needs a CUDA GPU (--plan prints the plan without one)" in capsys.readouterr().err
     assert tune_main(["--shapes", "tiny", "--plan"]) == 2
     assert "--plan without a GPU needs --device-name" in capsys.readouterr().err
+
+
+_TUNE_ON_CPU = r'''
+import json, sys, torch
+from pathlib import Path
+from moerun.backends.triton.configs import (ConfigTable, DownConfig, GateUpConfig,
+                                            config_file_name, default_config)
+from moerun.backends.triton.tune import run_points, write_winners
+from moerun.backends.triton.tune_plan import CandidateSet, DownChoice, TunePoint
+from moerun.bench.ceilings import Ceilings
+from moerun.bench.shapes import SHAPES
+
+out_dir = Path(sys.argv[1])
+gu = GateUpConfig(block_n=32, block_k=32, num_stages=2)
+dn = DownConfig(block_n=32, block_k=32, num_stages=2)
+pt = TunePoint(shape=SHAPES["tiny"], tokens=3, bucket=4, mode="graph",
+               incumbent=default_config(8, 32, 64, 4, 2), incumbent_source="heuristic",
+               candidate_sets=(CandidateSet(block_m=16, gate_ups=(gu,), downs=(
+                   DownChoice(down=dn, combine="reduce"), DownChoice(down=dn, combine="atomic"))),),
+               file_name=config_file_name(8, 32, 64, "float16", "cpu"))
+ceilings = Ceilings(read_bw=1e10, copy_bw=1e10, flops=1e11)
+winners = run_points([pt], device=torch.device("cpu"), dtype=torch.float16, ceilings=ceilings,
+                     budget_s=600, out=sys.stderr)
+paths = write_winners(winners, [pt], out_dir, dtype=torch.float16, device_name="cpu",
+                      command="test", out=sys.stderr)
+entry = winners[pt.file_name][4]
+choice = ConfigTable(device_name="cpu", config_dir=out_dir).lookup(8, 32, 64, 3, 2, torch.float16)
+timed = [pt.incumbent.key()] + [c.key() for c in (
+    __import__("moerun.backends.triton.configs", fromlist=["x"]).ExpertsConfig(
+        block_m=16, gate_up=gu, down=dn, combine=k) for k in ("reduce", "atomic"))]
+print(json.dumps({"files": [p.name for p in paths], "timing": entry.timing, "us": entry.us,
+                  "floor_us": entry.floor_us, "config": entry.config.key(), "timed": timed,
+                  "looked_up": choice.config.key(), "source": choice.source}))
+'''
+
+
+def test_tune_loop_runs_under_the_interpreter_and_its_file_is_used(tmp_path):
+    """The timing loop on a CPU (Triton interpreter, fp16, eager): a winner among the timed
+    configs, its floor from moerun.bench, the file written and then looked up as tuned."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _TUNE_ON_CPU, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["files"] == ["S8_N32_K64_float16_cpu.json"]
+    assert got["timing"] == "eager" and got["us"] > 0
+    assert got["config"] in got["timed"]
+    assert got["looked_up"] == got["config"]
+    assert got["source"] == "tuned (S8_N32_K64_float16_cpu.json)"
+    # tiny T=3 (k=2): 2..6 experts hit; bytes (hit*3*64*32 + 2*3*64)*2 = 25,344..74,496
+    # over 1e10 B/s = 2.5344..7.4496 µs, above the 0.737 µs of compute (2*3*2*3*64*32 / 1e11)
+    hit = (got["floor_us"] * 1e-6 * 1e10 / 2 - 2 * 3 * 64) / (3 * 64 * 32)
+    assert 2 <= hit <= 6
+    assert 2.5344 - 1e-9 <= got["floor_us"] <= 7.4496 + 1e-9

@@ -205,3 +205,27 @@ def test_capture_at_prefill_size():
         out = be.run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
     graph.replay()
     assert _rel_err(out, _reference(c, w13, w2)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("slots, world", [(256, 1), (32, 8)])
+def test_report_names_the_config_source_of_the_local_shape(slots, world):
+    """DeepSeek-V3 on one rank (256 local slots) and one rank of EP8 (32): the report's
+    kernel-config lines name this device's file of exactly that slot count, or the heuristic."""
+    from moerun.backends.triton.configs import CONFIG_DIR, config_file_name
+    from moerun.capability import Deployment, Problem
+    from moerun.config import Activation
+    from moerun.env import get_env
+    from moerun.resolve import resolve
+
+    env = get_env()
+    problem = Problem(num_experts=256, num_slots=256, top_k=8, hidden_size=7168,
+                      intermediate_size=2048, dtype=torch.bfloat16,
+                      activation=Activation.SILU_GLU, device_type="cuda")
+    deployment = Deployment(rank=0, world_size=world, comm_backend="nccl" if world > 1
+                            else "none", num_local_slots=slots, divisible=True)
+    report = resolve(problem, deployment, env, backend="triton",
+                     comm="allgather" if world > 1 else "auto")
+    name = config_file_name(slots, 2048, 7168, "bfloat16", env.device_name)
+    want = f"tuned ({name})" if (CONFIG_DIR / name).exists() else "heuristic"
+    assert report.kernel_configs[0].startswith(f"S_local={slots} ")
+    assert report.kernel_configs[1:] and all(want in ln for ln in report.kernel_configs[1:])

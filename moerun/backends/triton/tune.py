@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "run_points", "write_winners"]
 
 _SAMPLES = {"graph": 10, "eager": 6}
 
@@ -116,7 +116,7 @@ def main(argv=None, prog: str = "moerun tune") -> int:
 
     from moerun.backends.triton.configs import CONFIG_DIR
     from moerun.backends.triton.tune_plan import plan_points
-    from moerun.bench.ceilings import parse_ceilings
+    from moerun.bench.ceilings import measure_run_ceilings, parse_ceilings
     from moerun.bench.shapes import parse_shapes, parse_tokens
 
     try:
@@ -152,54 +152,75 @@ def main(argv=None, prog: str = "moerun tune") -> int:
     command = " ".join([prog] + [shlex.quote(a) for a in (argv if argv is not None
                                                           else sys.argv[1:])])
     points = plan_points(shapes, tokens, dtype, device, out_dir, args.graph_max_tokens)
-    return _tune(points, args, dtype, device, out_dir, command, given)
+    cuda_dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    t_start = time.time()
+    ceilings = given if given is not None else measure_run_ceilings(cuda_dev, dtype)
+    print(f"tune: {device}; ceilings {ceilings.describe()}", flush=True)
+    winners = run_points(points, device=cuda_dev, dtype=dtype, ceilings=ceilings,
+                         budget_s=args.budget_s - (time.time() - t_start),
+                         workers=args.workers or None)
+    if args.dry_run:
+        print("tune: --dry-run, nothing written")
+        return 0
+    write_winners(winners, points, out_dir, dtype=dtype, device_name=device, command=command)
+    print(f"tune: done in {time.time() - t_start:.0f}s")
+    return 0
 
 
-def _tune(points, args, dtype, device: str, out_dir: Path, command: str, given) -> int:
-    """The GPU part: ceilings, parallel compile, then each point timed in turn."""
+def run_points(points, *, device, dtype, ceilings, budget_s: float,
+               workers: int | None = None, out=None) -> dict[str, dict]:
+    """Time every point's candidates on ``device`` and return the winners,
+    ``{file name: {bucket: TunedEntry}}``.
+
+    CUDA: all configs are compiled first in parallel processes, then each point is timed in
+    its mode (graph replay or eager). Other devices (the Triton interpreter on a CPU, for
+    tests): no pre-compilation and eager timing only. Points not started once ``budget_s``
+    seconds have passed are skipped (printed). Allocates each shape's weights in turn.
+    Host syncs: many (outside timed regions).
+    """
     import torch
 
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.configs import ConfigTable, ExpertsConfig, fit_to_dtype
     from moerun.backends.triton.experts import TritonExperts
     from moerun.backends.triton.gate_up import gate_up
-    from moerun.backends.triton.precompile import precompile
-    from moerun.backends.triton.tune_plan import (TunedEntry, compile_configs, merge_entries,
-                                                  read_config_data)
-    from moerun.bench.ceilings import floor_for, measure_run_ceilings
+    from moerun.backends.triton.tune_plan import TunedEntry, compile_configs
+    from moerun.bench.ceilings import floor_for
     from moerun.bench.inputs import make_case, make_weights
     from moerun.bench.timing import time_graph_replay, time_samples
 
+    out = out if out is not None else sys.stdout
     t_start = time.time()
-    cuda = torch.device("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    ceilings = given if given is not None else measure_run_ceilings(cuda, dtype)
-    print(f"tune: {device}; ceilings {ceilings.describe()}", flush=True)
+    cuda = device.type == "cuda"
     elt = torch.empty((), dtype=dtype).element_size()
+    if cuda:
+        from moerun.backends.triton.precompile import precompile
 
-    status = precompile([(pt.shape, cfg, dtype) for pt in points for cfg in compile_configs(pt)],
-                        workers=args.workers or None)
-    fails = [s for s in status if not s.startswith("ok")]
-    print(f"tune: compiled {len(status)} configs in {time.time() - t_start:.0f}s, "
-          f"{len(fails)} failed", flush=True)
-    for f in fails:
-        print("  " + f)
+        status = precompile([(pt.shape, cfg, dtype) for pt in points
+                             for cfg in compile_configs(pt)], workers=workers)
+        fails = [s for s in status if not s.startswith("ok")]
+        print(f"tune: compiled {len(status)} configs in {time.time() - t_start:.0f}s, "
+              f"{len(fails)} failed", file=out, flush=True)
+        for f in fails:
+            print("  " + f, file=out)
 
-    winners: dict[str, dict[int, TunedEntry]] = {}  # file name -> {bucket: entry}
-    shape_of = {}
+    winners: dict[str, dict] = {}
     weights_key, weights = None, None
     for pt in points:
-        if time.time() - t_start > args.budget_s:
-            print(f"tune: budget spent, skipping {pt.shape.name} T={pt.tokens}")
+        if time.time() - t_start > budget_s:
+            print(f"tune: budget spent, skipping {pt.shape.name} T={pt.tokens}", file=out)
             continue
         t0 = time.time()
         shape, tokens = pt.shape, pt.tokens
+        mode = pt.mode if cuda else "eager"
         if weights_key != shape:
             weights = None
-            torch.cuda.empty_cache()
-            weights, weights_key = make_weights(shape, dtype, cuda, seed=0), shape
+            if cuda:
+                torch.cuda.empty_cache()
+            weights, weights_key = make_weights(shape, dtype, device, seed=0), shape
         w13, w2 = weights.w13, weights.w2
-        cases = [make_case(shape, tokens, dtype, cuda, seed=100 + r)
+        cases = [make_case(shape, tokens, dtype, device, seed=100 + r)
                  for r in range(_routings_for(tokens))]
         hit = sum(int(torch.unique(c.topk_ids).numel()) for c in cases) / len(cases)  # sync
         floor = floor_for(shape, tokens, hit, elt, ceilings)
@@ -207,11 +228,11 @@ def _tune(points, args, dtype, device: str, out_dir: Path, command: str, given) 
         def per_call_us(fns) -> float:
             """Median µs per call of ``fns`` (one per routing) in the point's mode."""
             n = len(fns)
-            if pt.mode == "graph":
+            if mode == "graph":
                 return statistics.median(time_graph_replay(
                     lambda i: fns[i](), n, _SAMPLES["graph"], warmup=2)) * 1e6
             return statistics.median(time_samples(
-                lambda i: fns[i % n](), cuda, max(_SAMPLES["eager"], n), warmup=n)) * 1e6
+                lambda i: fns[i % n](), device, max(_SAMPLES["eager"], n), warmup=n)) * 1e6
 
         def whole(cfg: ExpertsConfig) -> float:
             be = TritonExperts(ConfigTable(overrides={pt.bucket: cfg}))
@@ -255,35 +276,45 @@ def _tune(points, args, dtype, device: str, out_dir: Path, command: str, given) 
         except Exception as e:  # noqa: BLE001
             rows.append((pt.incumbent.key(), float("nan"), "incumbent " + repr(e)[:80]))
         eff = floor.us / best_us if best_cfg is not None else float("nan")
-        print(f"== {shape.name} T={tokens} ({pt.mode}): {len(rows)} timed in "
+        print(f"== {shape.name} T={tokens} ({mode}): {len(rows)} timed in "
               f"{time.time() - t0:.1f}s; floor {floor.us:.1f} us ({floor.bound}); best "
               f"{best_us:.1f} us, floor/time {eff:.3f}, "
-              f"{best_cfg.key() if best_cfg else None}", flush=True)
+              f"{best_cfg.key() if best_cfg else None}", file=out, flush=True)
         for name, us, note in rows:
-            print(f"   {us:10.1f}  {name}  {note}")
+            print(f"   {us:10.1f}  {name}  {note}", file=out)
         if best_cfg is not None:  # store what ran: the lookup fits configs to shared memory
             winners.setdefault(pt.file_name, {})[pt.bucket] = TunedEntry(
-                config=fit_to_dtype(best_cfg, dtype), us=best_us, timing=pt.mode,
+                config=fit_to_dtype(best_cfg, dtype), us=best_us, timing=mode,
                 tokens=tokens, floor_us=floor.us)
-            shape_of[pt.file_name] = shape
         del cases
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
+    return winners
 
-    if args.dry_run:
-        print("tune: --dry-run, nothing written")
-        return 0
+
+def write_winners(winners: dict[str, dict], points, out_dir: Path, *, dtype, device_name: str,
+                  command: str, out=None) -> list[Path]:
+    """Merge ``winners`` (from :func:`run_points`) into their files under ``out_dir`` (other
+    entries kept); returns the paths written."""
+    import torch
+
+    from moerun.backends.triton.tune_plan import merge_entries, read_config_data
+
+    out = out if out is not None else sys.stdout
+    shape_of = {pt.file_name: pt.shape for pt in points}
     today = datetime.date.today().isoformat()
     versions = {"torch": torch.__version__, "triton": _triton_version()}
     out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
     for name, mine in winners.items():
         path = out_dir / name
         data = merge_entries(read_config_data(path), shape=shape_of[name], dtype=dtype,
-                             device_name=device, command=command, date=today,
+                             device_name=device_name, command=command, date=today,
                              versions=versions, winners=mine)
         path.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"tune: wrote {path} ({len(mine)} entries)")
-    print(f"tune: done in {time.time() - t_start:.0f}s")
-    return 0
+        print(f"tune: wrote {path} ({len(mine)} entries)", file=out)
+        written.append(path)
+    return written
 
 
 def _triton_version() -> str:
