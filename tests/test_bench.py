@@ -395,7 +395,7 @@ def test_make_case_drops_ids_to_minus_one():
         make_case(TINY, 4, torch.float32, "cpu", drop=1.0)
 
 
-def test_peer_file_discovery(tmp_path):
+def test_peer_file_discovery(tmp_path, monkeypatch):
     from moerun.bench.peers import describe_search, find_peer_file, project_root
 
     from pathlib import Path
@@ -414,6 +414,21 @@ def test_peer_file_discovery(tmp_path):
                  "h200-notes.txt"):
         (peers / name).write_text("{}")
     assert find_peer_file(peers) == str(peers / "h200-2026-12-01.json")  # fp8-* never
+    # the default search: <root>/../shared/peers first, then <root>/shared/peers
+    from moerun.bench.peers import default_peer_dirs
+
+    inner = proj / "shared" / "peers"
+    assert default_peer_dirs(proj) == (peers, inner)
+    inner.mkdir(parents=True)
+    (inner / "h200-2027-01-01.json").write_text("{}")
+    assert find_peer_file(inner) == str(inner / "h200-2027-01-01.json")
+    import moerun.bench.peers as peers_mod
+
+    monkeypatch.setattr(peers_mod, "project_root", lambda start=None: proj)
+    assert find_peer_file() == str(peers / "h200-2026-12-01.json")  # ../shared first
+    for f in peers.glob("h200-*.json"):
+        f.unlink()
+    assert find_peer_file() == str(inner / "h200-2027-01-01.json")  # then ./shared
 
 
 def test_no_peer_file_found_says_where_and_drops_the_peer_column(tmp_path, monkeypatch):
@@ -424,8 +439,9 @@ def test_no_peer_file_found_says_where_and_drops_the_peer_column(tmp_path, monke
     rc, out, err = _bench(FAST + ["--tokens", "2", "--backends", "grouped_mm",
                                   "--ceilings", "1e9,1e9,1e12"])
     assert rc == 0
-    assert (f"peers: no peer file found (no h200-*.json in {tmp_path / 'shared' / 'peers'}); "
-            "pass --peers PATH; comparison skipped (no peer column)") in err
+    assert (f"peers: no peer file found (no h200-*.json in {tmp_path / 'shared' / 'peers'} or "
+            f"{tmp_path / 'proj' / 'shared' / 'peers'}); pass --peers PATH; comparison skipped "
+            "(no peer column)") in err
     header = next(ln for ln in out.splitlines() if ln.startswith("shape "))
     assert "peer" not in header and "config" in header and "floor/t" in header
 

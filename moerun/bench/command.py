@@ -68,8 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--peers", default=None,
                    help="peer timings JSON, or 'none' to turn the comparison off (default: "
                         "the newest ../shared/peers/h200-*.json next to the project root, the "
-                        "folder holding pyproject.toml; fp8-* files are never used; without "
-                        "one the run prints where it looked and has no peer column)")
+                        "folder holding pyproject.toml, else its own shared/peers/h200-*.json; "
+                        "fp8-* files are never used; without one the run prints where it "
+                        "looked and has no peer column)")
     g.add_argument("--ceilings", default=None, metavar="READ_BW,COPY_BW,FLOPS",
                    help="use these ceilings (B/s, B/s read+write, FLOP/s) instead of measuring "
                         "(default: measured in this run)")

@@ -2,7 +2,9 @@
 
 Which file: ``--peers PATH``, else the newest ``h200-*.json`` (by the date in its name) in
 ``<project root>/../shared/peers/``, the project root being the folder holding
-``pyproject.toml`` above this package (a checkout or an editable install). ``fp8-h200-*.json``
+``pyproject.toml`` above this package (a checkout or an editable install); when that folder
+has none, ``<project root>/shared/peers/`` (a copy of the checkout that carries the shared
+folder inside it, as on the GPU machine). ``fp8-h200-*.json``
 files in the same folder hold FP8 figures and are never picked for the bf16 matrix (the
 glob is anchored at the name's start). No file found: :func:`find_peer_file` returns None and
 :func:`describe_search` says where it looked; the bench then runs without the peer column.
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from moerun.bench.ceilings import Ceilings
 
-__all__ = ["PeerTable", "PeerTime", "PEER_GLOB", "project_root", "default_peer_dir",
+__all__ = ["PeerTable", "PeerTime", "PEER_GLOB", "project_root", "default_peer_dirs",
            "find_peer_file", "describe_search", "load_peers"]
 
 #: bf16 peer files; anchored at the start of the name, so ``fp8-h200-*`` never matches.
@@ -103,29 +105,35 @@ def project_root(start: Path | str | None = None) -> Path | None:
     return None
 
 
-def default_peer_dir(root: Path | None = None) -> Path | None:
-    """``<project root>/../shared/peers`` (None without a project root)."""
+def default_peer_dirs(root: Path | None = None) -> tuple[Path, ...]:
+    """The folders searched by default, in order: ``<root>/../shared/peers`` and
+    ``<root>/shared/peers`` (``root`` default :func:`project_root`; none without a root)."""
     root = project_root() if root is None else root
-    return None if root is None else (root.parent / "shared" / "peers")
+    if root is None:
+        return ()
+    return (root.parent / "shared" / "peers", root / "shared" / "peers")
 
 
 def find_peer_file(folder: Path | str | None = None) -> str | None:
-    """The newest :data:`PEER_GLOB` file of ``folder`` (default :func:`default_peer_dir`):
-    the greatest name (names carry ISO dates: ``h200-2026-12-01.json``), or None."""
-    folder = default_peer_dir() if folder is None else Path(folder)
-    if folder is None or not folder.is_dir():
-        return None
-    hits = sorted(p for p in folder.glob(PEER_GLOB) if p.is_file())
-    return str(hits[-1]) if hits else None
+    """The newest :data:`PEER_GLOB` file of ``folder``, or of the first of
+    :func:`default_peer_dirs` that has one: the greatest name (names carry ISO dates:
+    ``h200-2026-12-01.json``); None when there is none."""
+    folders = default_peer_dirs() if folder is None else (Path(folder),)
+    for f in folders:
+        if f.is_dir():
+            hits = sorted(p for p in f.glob(PEER_GLOB) if p.is_file())
+            if hits:
+                return str(hits[-1])
+    return None
 
 
 def describe_search(folder: Path | str | None = None) -> str:
     """Where :func:`find_peer_file` looked, for the "none found" message."""
-    folder = default_peer_dir() if folder is None else Path(folder)
-    if folder is None:
+    folders = default_peer_dirs() if folder is None else (Path(folder),)
+    if not folders:
         return (f"no project root (a folder with pyproject.toml) above {Path(__file__).parent}, "
-                "so no ../shared/peers to search")
-    return f"no {PEER_GLOB} in {folder}"
+                "so no shared/peers to search")
+    return f"no {PEER_GLOB} in {' or '.join(str(f) for f in folders)}"
 
 
 def load_peers(path: str) -> PeerTable:
