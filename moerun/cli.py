@@ -80,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(bench)
     sub.add_parser("tune", add_help=False, help="tune the Triton expert kernels (GPU)",
-                   description="Search Triton configs per (E, N, K, T bucket) and merge them "
-                               "into the package's JSON files. `moerun tune --help` lists flags.")
+                   description="Search Triton configs per local shape (S local slots, N, K, "
+                               "dtype, device) and T bucket for the bench shapes (EP-local "
+                               "ones included) and merge them into the package's JSON files. "
+                               "`moerun tune --help` lists flags.")
     sub.add_parser("eplb-sim", add_help=False, help="simulate the EPLB policy on loads",
                    description="max/mean rank load before and after rebalancing, vs DeepSeek's "
                                "algorithm; `moerun eplb-sim --help` lists flags.")

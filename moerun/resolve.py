@@ -54,6 +54,9 @@ class ResolutionReport:
         fallbacks: runtime replacements (e.g. an infeasible strategy replaced permanently).
         env: one-line description of the probed environment.
         notes: how the choice was made (e.g. the bench-table row that ordered the backends).
+        kernel_configs: where the backend's kernel configuration comes from per T bucket of
+            this rank's local shape (``"tuned (<file>)"`` or ``"heuristic"``; a head line
+            naming the key first); ``()`` for a backend without tuned configs.
     """
 
     backend: str
@@ -70,6 +73,7 @@ class ResolutionReport:
     fallbacks: tuple[str, ...] = ()
     env: str = ""
     notes: tuple[str, ...] = ()
+    kernel_configs: tuple[str, ...] = ()
 
     def with_fallback(self, strategy_cls: type[CommStrategy], note: str) -> "ResolutionReport":
         """A copy recording a permanent strategy replacement."""
@@ -88,6 +92,9 @@ class ResolutionReport:
             f"  environment:         {self.env}",
         ]
         lines += [f"  note:                {n}" for n in self.notes]
+        if self.kernel_configs:
+            lines.append(f"  kernel configs:      {self.kernel_configs[0]}")
+            lines += [f"    {c}" for c in self.kernel_configs[1:]]
         if self.rejected:
             lines.append("  not chosen:")
             lines += [f"    {r.kind} {r.name}: {r.reason.value} ({r.detail})"
@@ -277,7 +284,8 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
             router: str = "auto", shared_expert_order: str = "auto",
             shared_partition_sms: int | None = None, scheduler: str = "auto",
             max_chunk_rows: int = 1) -> ResolutionReport:
-    """Choose candidates for one layer. Pure: reads only its arguments.
+    """Choose candidates for one layer. Pure: reads only its arguments (and, for the
+    ``kernel_configs`` lines, the chosen backend's shipped config files).
 
     Args:
         problem / deployment / env: see :mod:`moerun.backends.base` and :mod:`moerun.env`.
@@ -330,4 +338,5 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
         shared_expert_order=None if schedule is None else schedule.describe(),
         shared_schedule=schedule,
         workspace_bytes_per_chunk=backend_cls().workspace_bytes(problem, max_chunk_rows),
-        rejected=tuple(rejected), env=env.describe(), notes=notes)
+        rejected=tuple(rejected), env=env.describe(), notes=notes,
+        kernel_configs=backend_cls.config_report(problem, deployment, env))

@@ -73,12 +73,18 @@ def _fake_peers(tmp_path) -> str:
 
 
 def test_parse_shapes_and_tokens():
-    assert [s.name for s in parse_shapes(None)] == ["mixtral8x7b", "qwen3-30b-a3b",
-                                                     "qwen3-235b-a22b", "deepseek-v3"]
+    assert [s.name for s in parse_shapes(None)] == [
+        "mixtral8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
+        "deepseek-v3-ep8-local", "qwen3-235b-ep8-local"]
     assert parse_shapes("tiny,deepseek-v3")[1].num_experts == 256
     with pytest.raises(ValueError, match="unknown shape 'nope'"):
         parse_shapes("tiny,nope")
-    assert parse_tokens(None) == [1, 16, 128, 1024, 8192]
+    custom = parse_shapes("6:3:32:16")[0]
+    assert (custom.name, custom.num_experts, custom.top_k, custom.hidden,
+            custom.intermediate, custom.group) == ("E6k3H32I16", 6, 3, 32, 16, "custom")
+    with pytest.raises(ValueError, match="top_k=7 > num_experts=6"):
+        parse_shapes("6:7:32:16")
+    assert parse_tokens(None) is None  # each shape's own list
     assert parse_tokens("3,5") == [3, 5]
     with pytest.raises(ValueError, match=">= 1"):
         parse_tokens("0")
@@ -190,7 +196,7 @@ def test_results_section_keeps_the_rest_of_the_file(tmp_path):
 _LINE = re.compile(
     r"^cell shape=tiny T=(\d+) hit=[\d.]+ bound=(memory|compute) floor_us=[\d.]+"
     r"( \| (reference|grouped_mm) eager_us=[\d.]+ eager_eff=[\d.]+ graph_us=- graph_eff=- "
-    r"vs_peer=(-|[\d.]+) vs_peer_eager=(-|[\d.]+) err=\S+ ok){2}$")
+    r"vs_peer=(-|[\d.]+) vs_peer_eager=(-|[\d.]+) err=\S+ ok config=\"-\"){2}$")
 
 
 @pytest.mark.parametrize("ceilings,bound,scale", [
@@ -207,8 +213,8 @@ def test_run_lines_json_floor_and_peer_scaling(tmp_path, ceilings, bound, scale)
     assert len(cell_lines) == 3
     for line in cell_lines:
         assert _LINE.match(line), line
-    assert [ln.split()[1] for ln in out.splitlines() if ln.startswith("summary ")] == \
-        ["backend=reference", "backend=grouped_mm"]
+    assert [ln.split()[1:3] for ln in out.splitlines() if ln.startswith("summary ")] == \
+        [["backend=reference", "group=tiny"], ["backend=grouped_mm", "group=tiny"]]
 
     data = json.loads(out_json.read_text())
     for key in ("schema", "command", "date", "device", "dtype", "timer", "settings", "ceilings",
@@ -240,7 +246,8 @@ def test_run_lines_json_floor_and_peer_scaling(tmp_path, ceilings, bound, scale)
         assert math.isclose(gm["vs_peer_eager"], best_raw * scale / gm["eager_us"],
                             rel_tol=REL)
         assert math.isclose(gm["vs_peer"], gm["vs_peer_eager"], rel_tol=REL)  # eager on CPU
-    summary = data["summary"]["grouped_mm"]
+    summary = next(s for s in data["summary"] if s["backend"] == "grouped_mm")
+    assert summary["group"] == "tiny" and summary["cells"] == 3
     effs = [c["backends"]["grouped_mm"]["serving_floor_ratio"] for c in data["cells"]]
     assert math.isclose(summary["geomean_floor_ratio"], geomean(effs), rel_tol=REL)
     assert math.isclose(summary["worst_floor_ratio"], min(effs), rel_tol=REL)
@@ -320,3 +327,227 @@ def test_missing_peer_file_is_skipped(tmp_path):
 def test_usage_errors(argv, message):
     rc, out, err = _bench(["--shapes", "tiny", "--no-progress"] + argv)
     assert rc == 2 and message in err
+
+
+# ------------------------------------------------------------------ issue 11: one stack
+
+
+def test_floor_uses_max_of_read_and_copy_counted_read_plus_write():
+    # deepseek-v3-ep8-local T=256, 32 experts hit, bf16, by hand:
+    #   FLOP  = 2*256*4*3*7168*2048            = 90,194,313,216   -> / 8e14 = 112.743 µs
+    #   bytes = 32*3*7168*2048*2 + 2*256*7168*2 = 2,825,912,320    -> / BW
+    shape = SHAPES["deepseek-v3-ep8-local"]
+    c = Ceilings(read_bw=4.0e12, copy_bw=4.2e12, flops=8e14)  # BW = copy (r+w) = 4.2e12
+    f = floor_for(shape, 256, 32, 2, c)
+    assert (f.flops, f.bytes) == (90_194_313_216, 2_825_912_320)
+    assert math.isclose(f.memory_us, 672.8362666666667, rel_tol=1e-12)
+    assert math.isclose(f.compute_us, 112.74289152, rel_tol=1e-12)
+    assert f.bound == "memory" and f.us == f.memory_us
+    # the read rate wins when it is the larger; copy is never halved (copy/2 = 3e12 < read
+    # would give 4e12 here, r+w gives 6e12)
+    assert Ceilings(read_bw=4e12, copy_bw=3e12, flops=1).bandwidth == 4e12
+    assert Ceilings(read_bw=4e12, copy_bw=6e12, flops=1).bandwidth == 6e12
+    # T=32768: 11,544,872,091,648 FLOP / 8e14 = 14431.09 µs > 894.78 µs of bytes
+    f = floor_for(shape, 32768, 32, 2, c)
+    assert f.bound == "compute" and math.isclose(f.us, 14431.09011456, rel_tol=1e-12)
+
+
+def test_ep_local_cells_are_registered_as_the_peer_file_names_them():
+    from moerun.bench.matrix import plan_cells
+
+    ds, qw = SHAPES["deepseek-v3-ep8-local"], SHAPES["qwen3-235b-ep8-local"]
+    assert (ds.num_experts, ds.top_k, ds.hidden, ds.intermediate) == (32, 4, 7168, 2048)
+    assert (qw.num_experts, qw.top_k, qw.hidden, qw.intermediate) == (16, 4, 4096, 1536)
+    for s in (ds, qw):
+        assert s.tokens == (256, 2048, 8192, 32768) and s.eager_only and s.group == "ep-local"
+    cells = plan_cells(parse_shapes(None), None)
+    assert sum(s.group == "model" for s, _ in cells) == 20
+    assert [(s.name, t) for s, t in cells if s.group == "ep-local"] == [
+        (n, t) for n in ("deepseek-v3-ep8-local", "qwen3-235b-ep8-local")
+        for t in (256, 2048, 8192, 32768)]
+    assert plan_cells([TINY], [3, 5]) == [(TINY, 3), (TINY, 5)]
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-ep8-local", "qwen3-235b-ep8-local"])
+def test_ep_local_routing_is_uniform_over_the_local_experts(name):
+    shape = SHAPES[name]
+    g = torch.Generator().manual_seed(11)
+    weights, ids = draw_routing(8192, shape.num_experts, shape.top_k, g, torch.device("cpu"))
+    assert ids.shape == (8192, 4) and ids.dtype == torch.int32
+    assert int(ids.min()) >= 0 and int(ids.max()) < shape.num_experts
+    assert bool((ids.sort(dim=1).values.diff(dim=1) > 0).all())  # k distinct ids per token
+    counts = torch.bincount(ids.flatten().long(), minlength=shape.num_experts)
+    mean = 8192 * 4 / shape.num_experts  # 1024 (32 experts) / 2048 (16 experts)
+    assert counts.numel() == shape.num_experts
+    assert float((counts - mean).abs().max()) < 0.1 * mean  # > 3 sigma of a uniform draw
+    torch.testing.assert_close(weights.sum(dim=1), torch.ones(8192))
+
+
+def test_make_case_drops_ids_to_minus_one():
+    from moerun.bench.inputs import make_case
+
+    c = make_case(TINY, 4000, torch.float32, "cpu", seed=1, drop=0.25)
+    dropped = float((c.topk_ids == -1).float().mean())
+    assert 0.22 < dropped < 0.28 and c.x.shape == (4000, 64)
+    kept = c.topk_ids[c.topk_ids >= 0]
+    assert int(kept.max()) < 8
+    with pytest.raises(ValueError, match="drop=1.0"):
+        make_case(TINY, 4, torch.float32, "cpu", drop=1.0)
+
+
+def test_peer_file_discovery(tmp_path, monkeypatch):
+    from moerun.bench.peers import describe_search, find_peer_file, project_root
+
+    from pathlib import Path
+    # this checkout: the folder of pyproject.toml above the package
+    assert project_root() == Path(__file__).resolve().parents[1]
+    proj = tmp_path / "proj"
+    (proj / "pkg" / "sub").mkdir(parents=True)
+    (proj / "pyproject.toml").write_text("[project]\n")
+    assert project_root(proj / "pkg" / "sub" / "mod.py") == proj
+    assert project_root(tmp_path) is None
+    peers = tmp_path / "shared" / "peers"
+    peers.mkdir(parents=True)
+    assert find_peer_file(peers) is None
+    assert describe_search(peers) == f"no h200-*.json in {peers}"
+    for name in ("h200-2026-11-29.json", "h200-2026-12-01.json", "fp8-h200-2026-12-09.json",
+                 "h200-notes.txt"):
+        (peers / name).write_text("{}")
+    assert find_peer_file(peers) == str(peers / "h200-2026-12-01.json")  # fp8-* never
+    # the default search: <root>/../shared/peers first, then <root>/shared/peers
+    from moerun.bench.peers import default_peer_dirs
+
+    inner = proj / "shared" / "peers"
+    assert default_peer_dirs(proj) == (peers, inner)
+    inner.mkdir(parents=True)
+    (inner / "h200-2027-01-01.json").write_text("{}")
+    assert find_peer_file(inner) == str(inner / "h200-2027-01-01.json")
+    import moerun.bench.peers as peers_mod
+
+    monkeypatch.setattr(peers_mod, "project_root", lambda start=None: proj)
+    assert find_peer_file() == str(peers / "h200-2026-12-01.json")  # ../shared first
+    for f in peers.glob("h200-*.json"):
+        f.unlink()
+    assert find_peer_file() == str(inner / "h200-2027-01-01.json")  # then ./shared
+
+
+def test_no_peer_file_found_says_where_and_drops_the_peer_column(tmp_path, monkeypatch):
+    import moerun.bench.peers as peers_mod
+
+    (tmp_path / "proj").mkdir()
+    monkeypatch.setattr(peers_mod, "project_root", lambda start=None: tmp_path / "proj")
+    rc, out, err = _bench(FAST + ["--tokens", "2", "--backends", "grouped_mm",
+                                  "--ceilings", "1e9,1e9,1e12"])
+    assert rc == 0
+    assert (f"peers: no peer file found (no h200-*.json in {tmp_path / 'shared' / 'peers'} or "
+            f"{tmp_path / 'proj' / 'shared' / 'peers'}); pass --peers PATH; comparison skipped "
+            "(no peer column)") in err
+    header = next(ln for ln in out.splitlines() if ln.startswith("shape "))
+    assert "peer" not in header and "config" in header and "floor/t" in header
+
+
+def test_peers_override_wins_over_discovery(tmp_path, monkeypatch):
+    import moerun.bench.peers as peers_mod
+
+    monkeypatch.setattr(peers_mod, "find_peer_file", lambda folder=None: "/nonexistent.json")
+    rc, out, err = _bench(FAST + ["--tokens", "1", "--backends", "grouped_mm", "--ceilings",
+                                  "1e9,2e9,1e15", "--peers", _fake_peers(tmp_path)])
+    assert rc == 0 and "nonexistent" not in out + err
+    assert f"peers: {tmp_path / 'peers.json'} (2026-01-01, fake GPU" in out
+
+
+def _cell(shape, tokens, group, eager_only, results, floor_us=100.0):
+    from moerun.bench.ceilings import Floor
+    from moerun.bench.matrix import CellResult
+
+    return CellResult(shape=shape.name, num_experts=shape.num_experts, top_k=shape.top_k,
+                      hidden=shape.hidden, intermediate=shape.intermediate, tokens=tokens,
+                      experts_hit=(shape.num_experts,),
+                      floor=Floor(flops=1.0, bytes=1.0, compute_us=1.0, memory_us=floor_us),
+                      results=tuple(results), group=group, eager_only=eager_only)
+
+
+def test_graph_cells_meet_graph_peers_ep_local_cells_eager_peers(tmp_path):
+    from moerun.bench.analysis import analyze_cell, summarize
+    from moerun.bench.matrix import BackendResult
+
+    ds, qw = SHAPES["deepseek-v3"], SHAPES["deepseek-v3-ep8-local"]
+    rows = [{"shape": ds.name, "T": 16, "E": 256, "k": 8, "H": 7168, "I": 2048,
+             "vllm_us": 3000.0, "vllm_graph_us": 2000.0, "grouped_mm_graph_us": 2500.0},
+            {"shape": qw.name, "T": 256, "E": 32, "k": 4, "H": 7168, "I": 2048,
+             "grouped_mm_us": 1200.0, "vllm_us": 1500.0}]
+    path = tmp_path / "h200-x.json"
+    path.write_text(json.dumps({"ceilings": {"read_bw": 4e12, "copy_bw": 4e12,
+                                             "bf16_peak": 8e14}, "rows": rows}))
+    peers = load_peers(str(path))
+    ours = Ceilings(read_bw=2e12, copy_bw=2e12, flops=8e14)  # memory scale 4e12/2e12 = 2
+    model = _cell(ds, 16, "model", False, [BackendResult(
+        name="triton", eager_us=2500.0, graph_us=2000.0, err=0.0, err_bound=1e-2,
+        config="tuned (S256.json)")])
+    local = _cell(qw, 256, "ep-local", True, [BackendResult(
+        name="triton", eager_us=1000.0, err=0.0, err_bound=1e-2, config="heuristic")])
+    (vm,), (vl,) = (analyze_cell(c, ours, peers, 1024) for c in (model, local))
+    assert (vm.serving_mode, vm.peer.name, vm.peer.raw_us, vm.peer.scaled_us) == \
+        ("graph", "vllm", 2000.0, 4000.0)
+    assert vm.vs_peer == 4000.0 / 2000.0 and vm.serving_eff == 100.0 / 2000.0
+    assert (vl.serving_mode, vl.peer.name, vl.peer.scaled_us) == ("eager", "grouped_mm", 2400.0)
+    assert vl.vs_peer == 2400.0 / 1000.0
+    cells = [model, local, _cell(qw, 2048, "ep-local", True, [BackendResult(
+        name="triton", eager_us=400.0, err=0.0, err_bound=1e-2, config="heuristic")])]
+    views = [analyze_cell(c, ours, peers, 1024) for c in cells]
+    sm = {s.group: s for s in summarize(cells, views)}
+    assert list(sm) == ["model", "ep-local"]
+    assert sm["model"].cells == 1 and sm["model"].heuristic_cells == 0
+    loc = sm["ep-local"]
+    assert loc.cells == 2 and loc.heuristic_cells == 2 and loc.peer_cells == 1
+    assert math.isclose(loc.geomean_eff, math.sqrt((100 / 1000) * (100 / 400)))
+    assert loc.worst == "deepseek-v3-ep8-local T=256 (eager)"
+
+
+class _TunedExperts(Backend):
+    """The reference math, reporting a config source (for the output columns)."""
+
+    name = "tuned_fake"
+
+    @classmethod
+    def can_implement(cls, problem, deployment, env):
+        return Eligibility.yes()
+
+    def run_experts(self, x, w13, w2, topk_weights, topk_ids):
+        from moerun.backends.reference import reference_moe
+
+        return reference_moe(x, w13, w2, topk_weights, topk_ids)
+
+    def kernel_config(self, *, num_slots, hidden, intermediate, num_tokens, top_k, dtype):
+        return "tuned (S8_fake.json)" if num_tokens <= 4 else "heuristic"
+
+
+def test_bench_output_has_the_full_table(monkeypatch, tmp_path):
+    monkeypatch.setitem(BENCH_BACKENDS, "tuned_fake", ("tests.test_bench", "_TunedExperts"))
+    out_json = tmp_path / "r.json"
+    rc, out, err = _bench(FAST + ["--tokens", "1,16", "--backends", "grouped_mm,tuned_fake",
+                                  "--ceilings", "1e9,2e9,1e15", "--peers",
+                                  _fake_peers(tmp_path), "--out", str(out_json)])
+    assert rc == 0, err
+    lines = out.splitlines()
+    cell1 = next(ln for ln in lines if ln.startswith("cell shape=tiny T=1 "))
+    assert 'tuned_fake eager_us=' in cell1 and cell1.endswith('ok config="tuned (S8_fake.json)"')
+    header = next(ln for ln in lines if ln.startswith("shape "))
+    assert header.split() == ["shape", "T", "group", "backend", "mode", "µs", "floor", "µs",
+                              "floor/t", "best", "peer", "µs", "(scaled)", "peer/ours",
+                              "config", "rel", "err"]
+    start = lines.index(header) + 1
+    rows = [ln.split() for ln in lines[start:lines.index("", start)]]
+    assert [(r[1], r[3]) for r in rows] == [("1", "grouped_mm"), ("1", "tuned_fake"),
+                                            ("16", "grouped_mm"), ("16", "tuned_fake")]
+    assert "tuned (S8_fake.json)" in " ".join(rows[1]) and "heuristic" in rows[3]
+    # T=1 best eager peer: vllm 200 µs x (table BW max(4e9, 3e9) / ours max(1e9, 2e9)) = 400
+    assert "400.0 (vllm)" in " ".join(rows[0])
+    assert any(ln.startswith("== geomeans per cell group") for ln in lines)
+    summary = [ln for ln in lines if ln.startswith("summary backend=tuned_fake")]
+    assert len(summary) == 1 and "group=tiny cells=2" in summary[0]
+    assert summary[0].endswith("heuristic_cells=1")
+    data = json.loads(out_json.read_text())
+    assert [c["backends"]["tuned_fake"]["config"] for c in data["cells"]] == [
+        "tuned (S8_fake.json)", "heuristic"]
+    assert data["cells"][0]["group"] == "tiny" and data["cells"][0]["eager_only"] is False

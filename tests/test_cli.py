@@ -121,8 +121,12 @@ def test_tune_help_explains_every_option():
     blocks = re.findall(r"^  (--[\w-]+)(.*?)(?=^  -|\Z)", proc.stdout, re.M | re.S)
     flags = {flag: " ".join(text.split()) for flag, text in blocks}
     assert set(flags) == {"--shapes", "--T", "--budget-s", "--dtype", "--out-dir", "--dry-run",
+                          "--plan", "--device-name", "--graph-max-tokens", "--ceilings",
                           "--workers"}
     assert all("default" in text for text in flags.values()), flags
+    assert "deepseek-v3-ep8-local" in flags["--shapes"] and "local slot count" in flags["--shapes"]
+    assert "256,2048,8192,32768 for the EP-" in flags["--T"]
+    assert "no GPU needed" in flags["--plan"]
     assert "winner stored for the T bucket" in flags["--T"]
     assert "no new (shape, T) point is started" in flags["--budget-s"]
     assert "dtype the kernels are compiled and timed in" in flags["--dtype"]

@@ -4,6 +4,8 @@ bf16/fp16/fp32 at the benchmark shapes against the fp64 reference (fp32: TF32 of
 combine and split-K, sizes that are not multiples of any tile, the alignment kernel against
 its twin at decode and prefill sizes, and CUDA-graph capture + replay with new routings
 copied into the captured buffers. Outputs are allocated on a NaN-poisoned allocator.
+Shapes, inputs and the upcast reference are ``moerun.bench``'s (the one benchmark stack), the
+EP-local shapes included.
 """
 
 from __future__ import annotations
@@ -15,31 +17,60 @@ pytestmark = pytest.mark.gpu
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 _WEIGHTS: dict = {}
+CUDA = torch.device("cuda")
 
 
 def _weights(name, dtype):
-    from moerun.backends.triton import _bench as B
+    from moerun.bench.inputs import make_weights
+    from moerun.bench.shapes import SHAPES
 
     key = (name, dtype)
     if key not in _WEIGHTS:
         _WEIGHTS.clear()
         torch.cuda.empty_cache()
-        _WEIGHTS[key] = B.make_weights(B.SHAPES[name], dtype, seed=7)
+        w = make_weights(SHAPES[name], dtype, CUDA, seed=7)
+        _WEIGHTS[key] = (w.w13, w.w2)
     return _WEIGHTS[key]
+
+
+def _case(shape, T, dtype=torch.bfloat16, seed=0, drop=0.0):
+    from moerun.bench.inputs import make_case
+
+    return make_case(shape, T, dtype, CUDA, seed=seed, drop=drop)
+
+
+def _reference(c, w13, w2):
+    """fp64 reference of every row (``moerun.bench.inputs.reference_rows``)."""
+    from moerun.bench.inputs import reference_rows
+
+    return reference_rows(c.x, w13, w2, c.topk_weights, c.topk_ids, acc=torch.float64)
+
+
+def _rel_err(out, ref) -> float:
+    from moerun.testing import rel_err
+
+    return rel_err(out, ref)  # NaN (an unwritten, poisoned element) fails every bound
+
+
+def _poison_allocator(nbytes: int) -> None:
+    """Fill ``nbytes`` of fresh caching-allocator memory with NaN and free it, so buffers the
+    next call allocates start as NaN (unwritten elements then show up in the error)."""
+    t = torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=CUDA)
+    t.fill_(float("nan"))
+    del t
 
 
 def _check(name, dtype, T, backend=None, drop=0.0, seed=0):
     from moerun.backends.triton import TritonExperts
-    from moerun.backends.triton import _bench as B
+    from moerun.bench.shapes import SHAPES
 
-    shape = B.SHAPES[name]
+    shape = SHAPES[name]
     w13, w2 = _weights(name, dtype)
-    c = B.make_case(shape, T, dtype, seed=seed, drop=drop)
-    B.poison_allocator(1 << 28)
+    c = _case(shape, T, dtype, seed=seed, drop=drop)
+    _poison_allocator(1 << 28)
     out = (backend or TritonExperts()).run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
-    assert out.dtype == dtype and out.shape == (T, shape.H)
-    ref = B.reference_out(c.x, w13, w2, c.topk_weights, c.topk_ids)
-    err = B.rel_err(out, ref)
+    assert out.dtype == dtype and out.shape == (T, shape.hidden)
+    err = _rel_err(out, _reference(c, w13, w2))
     assert err <= TOL[dtype], (name, dtype, T, err)
     return err
 
@@ -49,6 +80,13 @@ def _check(name, dtype, T, backend=None, drop=0.0, seed=0):
 @pytest.mark.parametrize("T", [1, 37, 300])
 def test_bf16_benchmark_shapes(name, T):
     _check(name, torch.bfloat16, T, drop=0.1 if T == 37 else 0.0)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-ep8-local", "qwen3-235b-ep8-local"])
+@pytest.mark.parametrize("T", [256, 2048])
+def test_bf16_ep_local_shapes(name, T):
+    """The EP-local cells (local slots = 32 / 16), whatever config source they resolve to."""
+    _check(name, torch.bfloat16, T)
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral8x7b"])
@@ -75,7 +113,6 @@ def test_every_combine_odd_sizes(dtype, combine, split, bm):
     """H, I not multiples of any tile; zero-token experts; -1 ids."""
     from moerun.backends.reference import reference_moe
     from moerun.backends.triton import TritonExperts
-    from moerun.backends.triton import _bench as B
     from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
                                                 GateUpConfig)
 
@@ -91,10 +128,10 @@ def test_every_combine_odd_sizes(dtype, combine, split, bm):
                         down=DownConfig(block_n=64, block_k=32, split_k=split, num_stages=3),
                         combine=combine)
     be = TritonExperts(ConfigTable(overrides={b: cfg for b in (128, 256)}))
-    B.poison_allocator(1 << 26)
+    _poison_allocator(1 << 26)
     out = be.run_experts(x, w13, w2, tw, ids)
     ref = reference_moe(x.double(), w13.double(), w2.double(), tw.double(), ids)
-    assert B.rel_err(out, ref) <= TOL[dtype]
+    assert _rel_err(out, ref) <= TOL[dtype]
 
 
 @pytest.mark.parametrize("m, k, s, bm, programs, grid_kernel", [
@@ -125,13 +162,13 @@ def test_align_matches_twin_on_gpu(m, k, s, bm, programs, grid_kernel):
 
 def test_cuda_graph_capture_and_replay():
     from moerun.backends.triton import TritonExperts
-    from moerun.backends.triton import _bench as B
+    from moerun.bench.shapes import SHAPES
 
-    shape = B.SHAPES["qwen3-30b-a3b"]
+    shape = SHAPES["qwen3-30b-a3b"]
     w13, w2 = _weights(shape.name, torch.bfloat16)
     be = TritonExperts()
     for T in (1, 16, 128):
-        cases = [B.make_case(shape, T, seed=50 + r) for r in range(3)]
+        cases = [_case(shape, T, seed=50 + r) for r in range(3)]
         x, tw, ids = (cases[0].x.clone(), cases[0].topk_weights.clone(),
                       cases[0].topk_ids.clone())
         s = torch.cuda.Stream()
@@ -149,18 +186,17 @@ def test_cuda_graph_capture_and_replay():
             out.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
-            ref = B.reference_out(c.x, w13, w2, c.topk_weights, c.topk_ids)
-            assert B.rel_err(out, ref) <= TOL[torch.bfloat16], T
+            assert _rel_err(out, _reference(c, w13, w2)) <= TOL[torch.bfloat16], T
 
 
 def test_capture_at_prefill_size():
     """The whole call is capturable for every bucket's config at a prefill size too."""
     from moerun.backends.triton import TritonExperts
-    from moerun.backends.triton import _bench as B
+    from moerun.bench.shapes import SHAPES
 
-    shape = B.SHAPES["mixtral8x7b"]
+    shape = SHAPES["mixtral8x7b"]
     w13, w2 = _weights(shape.name, torch.bfloat16)
-    c = B.make_case(shape, 1024, seed=9)
+    c = _case(shape, 1024, seed=9)
     be = TritonExperts()
     be.run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
     torch.cuda.synchronize()
@@ -168,5 +204,28 @@ def test_capture_at_prefill_size():
     with torch.cuda.graph(graph):
         out = be.run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
     graph.replay()
-    ref = B.reference_out(c.x, w13, w2, c.topk_weights, c.topk_ids)
-    assert B.rel_err(out, ref) <= TOL[torch.bfloat16]
+    assert _rel_err(out, _reference(c, w13, w2)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("slots, world", [(256, 1), (32, 8)])
+def test_report_names_the_config_source_of_the_local_shape(slots, world):
+    """DeepSeek-V3 on one rank (256 local slots) and one rank of EP8 (32): the report's
+    kernel-config lines name this device's file of exactly that slot count, or the heuristic."""
+    from moerun.backends.triton.configs import CONFIG_DIR, config_file_name
+    from moerun.capability import Deployment, Problem
+    from moerun.config import Activation
+    from moerun.env import get_env
+    from moerun.resolve import resolve
+
+    env = get_env()
+    problem = Problem(num_experts=256, num_slots=256, top_k=8, hidden_size=7168,
+                      intermediate_size=2048, dtype=torch.bfloat16,
+                      activation=Activation.SILU_GLU, device_type="cuda")
+    deployment = Deployment(rank=0, world_size=world, comm_backend="nccl" if world > 1
+                            else "none", num_local_slots=slots, divisible=True)
+    report = resolve(problem, deployment, env, backend="triton",
+                     comm="allgather" if world > 1 else "auto")
+    name = config_file_name(slots, 2048, 7168, "bfloat16", env.device_name)
+    want = f"tuned ({name})" if (CONFIG_DIR / name).exists() else "heuristic"
+    assert report.kernel_configs[0].startswith(f"S_local={slots} ")
+    assert report.kernel_configs[1:] and all(want in ln for ln in report.kernel_configs[1:])

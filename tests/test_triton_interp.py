@@ -350,49 +350,60 @@ def test_config_validation_messages():
 
 
 def test_tuned_config_files():
-    """Every shipped JSON parses, names its command/date/device, and covers the matrix."""
-    from moerun.backends.triton._bench import SHAPES, T_LIST
+    """Every shipped JSON parses, names its command/date/device, is named by its own key
+    (local slots, N, K, dtype, device) and covers the bench T list of the shape it was tuned
+    on; the four model shapes are shipped, and the lookup returns each entry as tuned."""
     from moerun.backends.triton.configs import (CONFIG_DIR, ConfigTable, bucket_of,
                                                 config_file_name, fit_to_dtype,
                                                 load_config_file)
+    from moerun.bench.shapes import SHAPES
 
     files = sorted(CONFIG_DIR.glob("*.json"))
-    if not files:
-        pytest.skip("no tuned configs shipped")
+    assert files, "no tuned configs shipped"
+    by_name = {}
     for f in files:
         meta, entries = load_config_file(f)
         assert "tune" in meta.get("command", ""), f
         assert meta.get("date") and meta.get("device"), f
         assert entries, f
-    device = json.loads(files[0].read_text())["meta"]["device"]
-    table = ConfigTable(device_name=device)
-    for s in SHAPES.values():
-        path = CONFIG_DIR / config_file_name(s.E, s.I, s.H, device)
-        assert path.exists(), path
-        _, entries = load_config_file(path)
-        for t in T_LIST:
-            assert bucket_of(t) in entries, (s.name, t)
+        shape = meta["shape"]
+        slots = shape.get("S", shape.get("E"))  # files before issue 11 wrote E (= S, one rank)
+        assert f.name == config_file_name(slots, shape["I"], shape["H"], meta["dtype"],
+                                          meta["device"]), f
+        by_name[shape["name"]] = (f, meta, entries)
+    for name in ("mixtral8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"):
+        assert name in by_name, name
+    for name, (f, meta, entries) in by_name.items():
+        s = SHAPES.get(name)
+        if s is None:  # an E:K:H:I shape: no registered T list to cover
+            continue
+        table = ConfigTable(device_name=meta["device"])
+        for t in s.tokens:
+            assert bucket_of(t) in entries, (name, t)
+            got = table.lookup(s.num_experts, s.intermediate, s.hidden, t, s.top_k,
+                               torch.bfloat16)
             # the run-time config is the entry fitted to the shared-memory limit
-            want = fit_to_dtype(entries[bucket_of(t)], torch.bfloat16)
-            assert table.lookup(s.E, s.I, s.H, t, s.top_k, torch.bfloat16) == want
+            assert got.config == fit_to_dtype(entries[bucket_of(t)], torch.bfloat16)
+            assert got.source == f"tuned ({f.name})" and got.entry_bucket == bucket_of(t)
 
 
 def test_tune_candidates_are_pruned():
-    from moerun.backends.triton._bench import SHAPES, T_LIST
-    from moerun.backends.triton.tune import MAX_CONFIGS, candidates
+    from moerun.backends.triton.tune_plan import MAX_CONFIGS, candidates
+    from moerun.bench.shapes import SHAPES
 
     for s in SHAPES.values():
-        for t in T_LIST:
-            c = candidates(s.E, s.top_k, s.H, s.I, t)
-            n = sum(len(g) + len(d) for _, g, d in c) + 1  # + the incumbent
+        for t in s.tokens:
+            c = candidates(s.num_experts, s.top_k, s.hidden, s.intermediate, t)
+            n = sum(cs.size for cs in c) + 1  # + the incumbent
             assert 2 <= n <= MAX_CONFIGS, (s.name, t, n)
+            assert all(cs.gate_ups and cs.downs for cs in c), (s.name, t)
 
 
-def test_tune_rejects_unknown_shape():
-    from moerun.backends.triton.tune import _parse_shapes
+def test_tune_rejects_unknown_shape(capsys):
+    from moerun.backends.triton.tune import main
 
-    with pytest.raises(ValueError, match="unknown shape 'llama'"):
-        _parse_shapes("llama")
+    assert main(["--shapes", "llama", "--plan", "--device-name", "X"]) == 2
+    assert "unknown shape 'llama'" in capsys.readouterr().err
 
 
 if __name__ == "__main__":

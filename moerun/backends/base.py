@@ -133,6 +133,22 @@ class Backend(abc.ABC):
         """:func:`backend_eligibility` of this class (declarations, then ``can_implement``)."""
         return backend_eligibility(cls, problem, deployment, env)
 
+    def kernel_config(self, *, num_slots: int, hidden: int, intermediate: int, num_tokens: int,
+                      top_k: int, dtype: torch.dtype) -> str:
+        """Where the kernel configuration of a call of this shape comes from, in words
+        (``"tuned (<file>)"``, ``"heuristic"``); ``""`` for a backend without tuned configs.
+        ``num_slots`` is the local slot count the kernels run (``w13.shape[0]``). Host only."""
+        return ""
+
+    @classmethod
+    def config_report(cls, problem: Problem, deployment: Deployment, env: Env
+                      ) -> tuple[str, ...]:
+        """Lines for the resolution report: which kernel configuration each T bucket of this
+        layer's local shape (``deployment.num_local_slots`` slots) uses and where it comes
+        from; ``()`` for a backend without tuned configs. May read the backend's shipped
+        config files; no device work."""
+        return ()
+
     def workspace_bytes(self, problem: Problem, rows: int) -> int:
         """Peak temporary bytes for ``rows`` rows of one chunk (for the resolution report)."""
         elt = torch.empty((), dtype=problem.dtype).element_size()

@@ -1,8 +1,10 @@
 """Derived numbers of a benchmark run: floor/time, serving mode, peer ratios, summaries.
 
 Serving regime: CUDA-graph replay for ``T <= graph_max_tokens`` (when it was timed), eager
-otherwise. ``vs_peer`` = best scaled peer time / our time in the same mode (> 1: faster than
-every peer); ``vs_peer_eager`` the same with eager times on both sides.
+otherwise (EP-local cells are timed eager only, so they are served eager). ``vs_peer`` = best scaled peer time / our time in the same mode (> 1: faster than
+every peer); ``vs_peer_eager`` the same with eager times on both sides. Summaries are per
+backend and cell group (``model``: the 20 whole-layer cells; ``ep-local``: the 8 EP-local
+cells), the geomeans the issue bars use.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from moerun.bench.ceilings import Ceilings
 from moerun.bench.matrix import BackendResult, CellResult
 from moerun.bench.peers import PeerTable, PeerTime
+from moerun.bench.shapes import GROUPS
 
 __all__ = ["BackendView", "BackendSummary", "analyze_cell", "summarize", "geomean"]
 
@@ -39,11 +42,13 @@ class BackendView:
 
 @dataclass(frozen=True, kw_only=True)
 class BackendSummary:
-    """Over the cells a backend was timed in: ``geomean_eff`` of serving floor/time, the
-    ``worst`` cell label and its ``worst_eff``, ``geomean_vs_peer`` over cells with a peer,
-    ``failures`` (cells where the check failed or the run raised)."""
+    """Over the cells of one ``group`` a backend was timed in: ``geomean_eff`` of serving
+    floor/time, the ``worst`` cell label and its ``worst_eff``, ``geomean_vs_peer`` over
+    cells with a peer, ``failures`` (cells where the check failed or the run raised),
+    ``heuristic_cells`` (cells whose kernel configuration was the heuristic)."""
 
     name: str
+    group: str
     cells: int
     geomean_eff: float | None
     worst: str
@@ -51,6 +56,7 @@ class BackendSummary:
     geomean_vs_peer: float | None
     peer_cells: int
     failures: int
+    heuristic_cells: int = 0
 
 
 def geomean(values: list[float]) -> float | None:
@@ -96,29 +102,40 @@ def analyze_cell(cell: CellResult, ceilings: Ceilings, peers: PeerTable | None,
 
 
 def summarize(cells: list[CellResult], views: list[list[BackendView]]) -> list[BackendSummary]:
-    """One :class:`BackendSummary` per backend name, in first-seen order."""
+    """One :class:`BackendSummary` per (group, backend): groups in :data:`GROUPS` order,
+    backends in first-seen order."""
     names = list(dict.fromkeys(v.name for vs in views for v in vs))
+    groups = sorted({c.group for c in cells}, key=lambda g: (GROUPS.index(g)
+                                                            if g in GROUPS else len(GROUPS), g))
     out = []
-    for name in names:
-        effs, peer_ratios, failures = [], [], 0
-        worst, worst_eff = "-", None
-        timed = 0
-        for cell, vs in zip(cells, views):
-            for v in vs:
-                if v.name != name:
+    for group in groups:
+        for name in names:
+            effs, peer_ratios, failures, heuristic = [], [], 0, 0
+            worst, worst_eff = "-", None
+            seen = False
+            for cell, vs in zip(cells, views):
+                if cell.group != group:
                     continue
-                failures += not v.result.ok
-                if v.serving_eff is None:
-                    continue
-                timed += 1
-                effs.append(v.serving_eff)
-                if worst_eff is None or v.serving_eff < worst_eff:
-                    worst_eff = v.serving_eff
-                    worst = f"{cell.shape} T={cell.tokens} ({v.serving_mode})"
-                if v.vs_peer is not None:
-                    peer_ratios.append(v.vs_peer)
-        out.append(BackendSummary(name=name, cells=timed, geomean_eff=geomean(effs),
-                                  worst=worst, worst_eff=worst_eff,
-                                  geomean_vs_peer=geomean(peer_ratios),
-                                  peer_cells=len(peer_ratios), failures=failures))
+                for v in vs:
+                    if v.name != name:
+                        continue
+                    seen = True
+                    failures += not v.result.ok
+                    heuristic += v.result.config.startswith("heuristic")
+                    if v.serving_eff is None:
+                        continue
+                    effs.append(v.serving_eff)
+                    if worst_eff is None or v.serving_eff < worst_eff:
+                        worst_eff = v.serving_eff
+                        worst = f"{cell.shape} T={cell.tokens} ({v.serving_mode})"
+                    if v.vs_peer is not None:
+                        peer_ratios.append(v.vs_peer)
+            if not seen:
+                continue
+            out.append(BackendSummary(name=name, group=group, cells=len(effs),
+                                      geomean_eff=geomean(effs), worst=worst,
+                                      worst_eff=worst_eff,
+                                      geomean_vs_peer=geomean(peer_ratios),
+                                      peer_cells=len(peer_ratios), failures=failures,
+                                      heuristic_cells=heuristic))
     return out

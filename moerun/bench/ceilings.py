@@ -1,13 +1,25 @@
-"""Ceilings measured in the same run, and the floor of one benchmark cell.
+"""Ceilings measured in the same run, and the floor of one benchmark cell: the one floor
+definition of moerun (``moerun bench``, ``moerun tune``, the GPU tests; issue 11).
 
 Floor (METHOD: "two numbers first") of one expert-compute call with ``T`` tokens, top-k ``K``:
 
 * compute: ``2 * T * K * 3 * H * I`` FLOP (gate, up and down GEMMs) over the matmul rate;
 * memory: ``hit * 3 * H * I * elt + 2 * T * H * elt`` bytes (each hit expert's weights read
-  once, ``x`` read and ``out`` written once) over the bandwidth ceiling;
+  once, ``x`` read and ``out`` written once) over the bandwidth ceiling ``BW``;
 
 ``floor = max(compute, memory)``; the larger term names the cell ``"compute"``- or
 ``"memory"``-bound. ``elt`` is the element size of the benchmark dtype (2 for bf16).
+
+``BW = max(read_bw, copy_bw)`` with ``copy_bw`` counted as **bytes read plus bytes written**
+per second of a device-to-device copy. Why this byte term: the memory term above counts every
+byte that crosses the memory interface, reads and writes alike (``out`` is a write), so the
+ceiling must be a rate of the same bytes; a copy of N bytes moves 2N, and ``copy/2`` (the
+older ``_bench.py`` definition, still used by the peer file's own ``floor_us``) would count
+only half of the traffic it moved. Of the two access patterns measured, the larger rate is
+taken because a floor is a lower bound on time: it must use the best rate the device was
+seen to sustain, or a kernel could run "below its floor". On an H200 the copy (r+w) is ~3 %
+above the read-only rate, so this floor is ~3 % below the peer file's ``floor_us`` for
+memory-bound cells; peer times are scaled with this same ``BW`` on both sides (``peers.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +32,10 @@ import torch
 from moerun.bench.shapes import BenchShape
 from moerun.bench.timing import time_samples
 
-__all__ = ["Ceilings", "Floor", "floor_for", "measure_ceilings", "parse_ceilings"]
+__all__ = ["Ceilings", "Floor", "floor_for", "measure_ceilings", "measure_run_ceilings",
+           "parse_ceilings"]
+
+_GIB = 2 ** 30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +59,7 @@ class Ceilings:
 
     @property
     def bandwidth(self) -> float:
-        """The bandwidth ceiling: ``max(read_bw, copy_bw)``."""
+        """The bandwidth ceiling ``BW = max(read_bw, copy_bw)`` (module docstring: why)."""
         return max(self.read_bw, self.copy_bw)
 
     def describe(self) -> str:
@@ -126,3 +141,14 @@ def measure_ceilings(device: torch.device, *, read_bytes: int, matmul_size: int,
     return Ceilings(read_bw=n * 4 / read_s, copy_bw=copy_bytes / copy_s,
                     flops=2.0 * matmul_size ** 3 / mm_s, read_bytes=n * 4,
                     matmul_size=matmul_size, matmul_dtype=str(matmul_dtype).replace("torch.", ""))
+
+
+def measure_run_ceilings(device: torch.device, dtype: torch.dtype, *,
+                         read_bytes: int | None = None, matmul_size: int | None = None,
+                         seed: int = 0) -> Ceilings:
+    """:func:`measure_ceilings` with the run defaults of ``moerun bench`` and ``moerun tune``:
+    a 2 GiB read buffer and an 8192-square ``dtype`` matmul on CUDA (64 MiB / 512 on CPU)."""
+    cuda = device.type == "cuda"
+    return measure_ceilings(device, read_bytes=read_bytes or (2 * _GIB if cuda else 64 * 2 ** 20),
+                            matmul_size=matmul_size or (8192 if cuda else 512),
+                            matmul_dtype=dtype, seed=seed)

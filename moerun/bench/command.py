@@ -2,9 +2,11 @@
 
 For each cell (shape x T): one routing set shared by all backends, the floor from ceilings
 measured in the same run, each backend timed eager and as CUDA-graph replay, a correctness
-check on a subsample, the comparison with a peer file scaled to this run's ceilings. Prints
-one stable line per cell on stdout, progress on stderr; optionally JSON (``--out``) and a
-markdown table (``--write-results``). ``--from-json`` re-analyses a saved run instead.
+check on a subsample, the comparison with a peer file scaled to this run's ceilings, and the
+source of each backend's kernel configuration. Prints one stable line per cell on stdout as
+it goes, then the full table and the geomeans per cell group; progress on stderr; optionally
+JSON (``--out``) and a markdown section (``--write-results``). ``--from-json`` re-analyses a
+saved run instead.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import torch
 __all__ = ["add_arguments", "run", "main"]
 
 _DTYPES = ("float32", "float16", "bfloat16")
-_GIB = 2 ** 30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,11 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("expert-compute matrix")
     g.add_argument("--shapes", default=None,
                    help="comma list of shapes: mixtral8x7b, qwen3-30b-a3b, qwen3-235b-a22b, "
-                        "deepseek-v3, tiny (E=8, k=2, H=64, I=32); default: the four model "
-                        "shapes on CUDA, tiny on a CPU (the model shapes need up to 22.5 GB: "
-                        "name them to run them there)")
+                        "deepseek-v3 (T 1,16,128,1024,8192), deepseek-v3-ep8-local (E=32, "
+                        "k=4, H=7168, I=2048), qwen3-235b-ep8-local (E=16, k=4, H=4096, "
+                        "I=1536; EP-local: T 256,2048,8192,32768, eager only), tiny (E=8, k=2, "
+                        "H=64, I=32), or E:K:H:I; default: the 20 model cells and the 8 "
+                        "EP-local cells on CUDA, tiny on a CPU (the model shapes need up to "
+                        "22.5 GB: name them to run them there)")
     g.add_argument("--tokens", default=None,
-                   help="comma list of token counts T (default 1,16,128,1024,8192)")
+                   help="comma list of token counts T for every shape (default: each shape's "
+                        "own list, see --shapes)")
     g.add_argument("--backends", default=None,
                    help="comma list of reference, grouped_mm, triton (default: every available "
                         "one; reference only where T <= --reference-max-tokens)")
@@ -62,8 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seed of weights, inputs, routings (default 0)")
     g.add_argument("--peers", default=None,
                    help="peer timings JSON, or 'none' to turn the comparison off (default: "
-                        "the newest shared/peers/h200-*.json of the shared folder next to the "
-                        "checkout, skipped when there is none)")
+                        "the newest ../shared/peers/h200-*.json next to the project root, the "
+                        "folder holding pyproject.toml, else its own shared/peers/h200-*.json; "
+                        "fp8-* files are never used; without one the run prints where it "
+                        "looked and has no peer column)")
     g.add_argument("--ceilings", default=None, metavar="READ_BW,COPY_BW,FLOPS",
                    help="use these ceilings (B/s, B/s read+write, FLOP/s) instead of measuring "
                         "(default: measured in this run)")
@@ -124,13 +131,14 @@ def _device_text(device: torch.device) -> str:
 
 
 def _resolve_peers(arg: str | None, err):
-    from moerun.bench.peers import find_peer_file, load_peers
+    from moerun.bench.peers import describe_search, find_peer_file, load_peers
 
     if arg is not None and arg.lower() == "none":
         return None
     path = arg if arg is not None else find_peer_file()
     if path is None:
-        print("peers: no peer file found; comparison skipped", file=err)
+        print(f"peers: no peer file found ({describe_search()}); pass --peers PATH; "
+              "comparison skipped (no peer column)", file=err)
         return None
     if not os.path.exists(path):
         print(f"peers: {path} missing; comparison skipped", file=err)
@@ -144,11 +152,13 @@ def _resolve_peers(arg: str | None, err):
 
 def _emit(info, ceilings, peers, cells, args, out, err) -> int:
     from moerun.bench.analysis import analyze_cell, summarize
-    from moerun.bench.report import (render_markdown, summary_line, to_json,
+    from moerun.bench.report import (render_markdown, render_table, summary_line, to_json,
                                      write_results_section)
 
     views = [analyze_cell(c, ceilings, peers, info.graph_max_tokens) for c in cells]
     summaries = summarize(cells, views)
+    print("", file=out)
+    print(render_table(cells, views, summaries, peers), file=out)
     for s in summaries:
         print(summary_line(s), file=out)
     if args.out:
@@ -215,8 +225,8 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
 
 def _run_matrix(args: argparse.Namespace, out, err) -> int:
     from moerun.bench.analysis import analyze_cell
-    from moerun.bench.ceilings import measure_ceilings, parse_ceilings
-    from moerun.bench.matrix import BenchSettings, backend_names_for, run_matrix
+    from moerun.bench.ceilings import measure_run_ceilings, parse_ceilings
+    from moerun.bench.matrix import BenchSettings, backend_names_for, plan_cells, run_matrix
     from moerun.bench.registry import BENCH_BACKENDS
     from moerun.bench.report import Progress, RunInfo, cell_line
     from moerun.bench.shapes import parse_shapes, parse_tokens
@@ -264,11 +274,8 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
     if given is not None:
         ceilings = given
     else:
-        cuda = device.type == "cuda"
-        ceilings = measure_ceilings(
-            device, read_bytes=args.ceiling_bytes or (2 * _GIB if cuda else 64 * 2 ** 20),
-            matmul_size=args.matmul_size or (8192 if cuda else 512), matmul_dtype=dtype,
-            seed=args.seed)
+        ceilings = measure_run_ceilings(device, dtype, read_bytes=args.ceiling_bytes,
+                                        matmul_size=args.matmul_size, seed=args.seed)
     info = RunInfo(command=_command_line(args),
                    date=datetime.datetime.now(datetime.timezone.utc).strftime(
                        "%Y-%m-%d %H:%M UTC"),
@@ -284,7 +291,7 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
     if peers is not None:
         print(f"peers: {peers.describe()}", file=out)
     out.flush()
-    total = sum(len(backend_names_for(settings, t)) for t in tokens) * len(shapes)
+    total = sum(len(backend_names_for(settings, t)) for _, t in plan_cells(shapes, tokens))
     progress = Progress(total, stream=err, enabled=not args.no_progress)
 
     def on_cell(cell) -> None:

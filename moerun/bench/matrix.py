@@ -1,25 +1,28 @@
 """Run the benchmark matrix: per shape, per token count, every chosen backend.
 
+Each shape runs its own T list (:attr:`BenchShape.tokens`) unless one is given for all.
 Per cell: one fresh input ``x [T, H]`` and ``calls_per_graph`` fresh uniform routings
 (``ids [T, K]`` int32: K distinct experts per token, uniformly; ``weights [T, K]`` fp32, a
 softmax of random logits), shared by every backend. Routing 0 is the one checked for
 correctness; timing rotates through all of them (eager: sample ``i`` uses routing
 ``i % R``; graph: one graph holds one call per routing). The floor uses the mean number of
-distinct experts hit over the routings.
+distinct experts hit over the routings. EP-local shapes (``eager_only``) are never timed as
+graph replay. Each backend result records where its kernel configuration came from
+(``"tuned (<file>)"`` / ``"heuristic"``, empty for a backend without configs).
 """
 
 from __future__ import annotations
 
 import gc
-import zlib
 import statistics
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from moerun.bench.ceilings import Ceilings, Floor, floor_for
+from moerun.bench.inputs import draw_routing, make_weights, reference_rows
 from moerun.bench.registry import BENCH_BACKENDS, BenchBackend, problem_for, select_backends
 from moerun.bench.shapes import BenchShape
 from moerun.bench.timing import GraphCaptureError, time_graph_replay, time_samples
@@ -27,7 +30,7 @@ from moerun.env import Env
 from moerun.testing import TOL, rel_err
 
 __all__ = ["BenchSettings", "BackendResult", "CellResult", "run_matrix", "draw_routing",
-           "reference_rows", "backend_names_for"]
+           "reference_rows", "backend_names_for", "tokens_for", "plan_cells"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +62,9 @@ class BenchSettings:
 class BackendResult:
     """One backend in one cell: ``eager_us`` / ``graph_us`` (median per call, None when not
     timed), ``err`` (relative error on the subsample vs the fp32 reference; None when the run
-    failed), ``err_bound``, ``note`` (why something was skipped or failed)."""
+    failed), ``err_bound``, ``note`` (why something was skipped or failed), ``config``
+    (where the kernel configuration came from: ``"tuned (<file>)"``, ``"heuristic"``; ""
+    for a backend without configs)."""
 
     name: str
     eager_us: float | None = None
@@ -67,6 +72,7 @@ class BackendResult:
     err: float | None = None
     err_bound: float = 0.0
     note: str = ""
+    config: str = ""
 
     @property
     def ok(self) -> bool:
@@ -77,7 +83,8 @@ class BackendResult:
 @dataclass(frozen=True, kw_only=True)
 class CellResult:
     """One cell: shape and ``tokens``, ``experts_hit`` per routing, the ``floor``, each
-    backend's result, and ``skipped`` (backend name -> reason it did not run here)."""
+    backend's result, ``skipped`` (backend name -> reason it did not run here), ``group``
+    (the shape's summary group) and ``eager_only`` (never timed as graph replay)."""
 
     shape: str
     num_experts: int
@@ -89,6 +96,12 @@ class CellResult:
     floor: Floor
     results: tuple[BackendResult, ...]
     skipped: dict[str, str] = field(default_factory=dict)
+    group: str = "model"
+    eager_only: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.shape} T={self.tokens}"
 
     @property
     def experts_hit_mean(self) -> float:
@@ -103,37 +116,14 @@ def backend_names_for(settings: BenchSettings, tokens: int) -> list[str]:
             if n != "reference" or tokens <= settings.reference_max_tokens]
 
 
-def draw_routing(tokens: int, num_experts: int, top_k: int, gen: torch.Generator,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uniform random routing: ``(weights [T, K] fp32, ids [T, K] int32)``; each token gets K
-    distinct experts, every K-subset equally likely."""
-    scores = torch.rand(tokens, num_experts, generator=gen, device=device)
-    ids = scores.topk(top_k, dim=1).indices.to(torch.int32)
-    weights = torch.softmax(torch.randn(tokens, top_k, generator=gen, device=device), dim=1)
-    return weights, ids
+def tokens_for(shape: BenchShape, tokens: list[int] | None) -> list[int]:
+    """The T list of ``shape``: ``tokens`` when given, else the shape's own."""
+    return list(shape.tokens) if tokens is None else list(tokens)
 
 
-def reference_rows(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                   topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-    """fp32 reference for a few rows: ``[n, H]`` fp32, each hit expert's weights upcast one at
-    a time (so a 22 GB weight set never exists in fp32). TF32 off. Host syncs: yes."""
-    n, h = x.shape
-    inter = w13.shape[1] // 2
-    out = torch.zeros(n, h, dtype=torch.float32, device=x.device)
-    ids = topk_ids.long()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        for e in torch.unique(ids[ids >= 0]).tolist():  # NOTE: host sync (check only)
-            hit = ids == e
-            rows = hit.any(dim=1).nonzero().squeeze(1)  # NOTE: host sync
-            w = (topk_weights.float() * hit.float()).sum(dim=1)[rows]
-            gate_up = x[rows].float() @ w13[e].float().t()
-            act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-            out.index_add_(0, rows, (act @ w2[e].float().t()) * w[:, None])
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    return out
+def plan_cells(shapes: list[BenchShape], tokens: list[int] | None) -> list[tuple[BenchShape, int]]:
+    """Every ``(shape, T)`` cell in run order."""
+    return [(shape, t) for shape in shapes for t in tokens_for(shape, tokens)]
 
 
 def _short(exc: BaseException) -> str:
@@ -180,7 +170,20 @@ def _run_backend(bench: BenchBackend, x: torch.Tensor, w13: torch.Tensor, w2: to
         except Exception as exc:  # noqa: BLE001
             notes.append(f"graph: {_short(exc)}")
     return BackendResult(name=bench.name, eager_us=eager_us, graph_us=graph_us, err=err,
-                         err_bound=bound, note="; ".join(notes))
+                         err_bound=bound, note="; ".join(notes), config=_config_source(
+                             bench, x, w13, ids0))
+
+
+def _config_source(bench: BenchBackend, x: torch.Tensor, w13: torch.Tensor,
+                   ids: torch.Tensor) -> str:
+    """The backend's own account of the configuration a call of this shape runs."""
+    try:
+        return bench.backend.kernel_config(num_slots=w13.shape[0], hidden=x.shape[1],
+                                           intermediate=w13.shape[1] // 2,
+                                           num_tokens=x.shape[0], top_k=ids.shape[1],
+                                           dtype=x.dtype)
+    except Exception as exc:  # noqa: BLE001 - a report, never a reason to stop the matrix
+        return f"unknown ({_short(exc)})"
 
 
 def _free(device: torch.device) -> None:
@@ -189,11 +192,12 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def run_matrix(shapes: list[BenchShape], tokens: list[int], settings: BenchSettings,
+def run_matrix(shapes: list[BenchShape], tokens: list[int] | None, settings: BenchSettings,
                ceilings: Ceilings, env: Env,
                progress: Callable[[str], None] = lambda _: None,
                on_cell: Callable[[CellResult], None] = lambda _: None) -> list[CellResult]:
-    """Run every (shape, T) cell; return their results in order.
+    """Run every (shape, T) cell (``tokens`` None: each shape's own T list); return their
+    results in order.
 
     Weights (``w13 [E, 2I, H]``, ``w2 [E, H, I]``, random, scaled by ``H^-0.5`` / ``I^-0.5``)
     are allocated once per shape and freed before the next. ``progress(label)`` is called
@@ -205,19 +209,20 @@ def run_matrix(shapes: list[BenchShape], tokens: list[int], settings: BenchSetti
     use_graph_ok = settings.graph and device.type == "cuda"
     results: list[CellResult] = []
     for shape in shapes:
+        shape_tokens = tokens_for(shape, tokens)
         gen = torch.Generator(device=device).manual_seed(settings.seed)
         problem = problem_for(shape.num_experts, shape.top_k, shape.hidden, shape.intermediate,
                               dtype, device.type)
-        all_names = list(dict.fromkeys(n for t in tokens for n in backend_names_for(settings, t)))
+        all_names = list(dict.fromkeys(n for t in shape_tokens
+                                       for n in backend_names_for(settings, t)))
         chosen, skipped_all = select_backends(all_names, problem, env)
         by_name = {b.name: b for b in chosen}
-        h, i = shape.hidden, shape.intermediate
+        h = shape.hidden
+        weights = make_weights(shape, dtype, device, generator=gen)
+        w13, w2 = weights.w13, weights.w2
+        del weights
         with torch.no_grad():
-            w13 = torch.randn(shape.num_experts, 2 * i, h, generator=gen, device=device,
-                              dtype=dtype).mul_(h ** -0.5)
-            w2 = torch.randn(shape.num_experts, h, i, generator=gen, device=device,
-                             dtype=dtype).mul_(i ** -0.5)
-            for t_idx, num_tokens in enumerate(tokens):
+            for t_idx, num_tokens in enumerate(shape_tokens):
                 cell_gen = torch.Generator(device=device).manual_seed(
                     settings.seed * 1_000_003 + 7919 * t_idx + zlib.crc32(shape.name.encode()))
                 x = torch.randn(num_tokens, h, generator=cell_gen, device=device, dtype=dtype)
@@ -229,7 +234,8 @@ def run_matrix(shapes: list[BenchShape], tokens: list[int], settings: BenchSetti
                     : settings.check_tokens].sort().values
                 weights0, ids0 = routings[0]
                 ref = reference_rows(x[rows], w13, w2, weights0[rows], ids0[rows])
-                use_graph = use_graph_ok and num_tokens <= settings.graph_max_tokens
+                use_graph = (use_graph_ok and not shape.eager_only
+                             and num_tokens <= settings.graph_max_tokens)
                 cell_results = []
                 skipped = {}
                 for name in backend_names_for(settings, num_tokens):
@@ -240,12 +246,13 @@ def run_matrix(shapes: list[BenchShape], tokens: list[int], settings: BenchSetti
                     cell_results.append(_run_backend(by_name[name], x, w13, w2, routings, rows,
                                                      ref, settings, use_graph))
                 cell = CellResult(shape=shape.name, num_experts=shape.num_experts,
-                                  top_k=shape.top_k, hidden=h, intermediate=i,
+                                  top_k=shape.top_k, hidden=h, intermediate=shape.intermediate,
                                   tokens=num_tokens, experts_hit=hits, floor=floor,
-                                  results=tuple(cell_results), skipped=skipped)
+                                  results=tuple(cell_results), skipped=skipped,
+                                  group=shape.group, eager_only=shape.eager_only)
                 results.append(cell)
                 on_cell(cell)
                 del x, routings, rows, ref
-            del w13, w2
+        del w13, w2
         _free(device)
     return results

@@ -1,6 +1,15 @@
 """Peer timings from an earlier run on another machine, scaled to this run's ceilings.
 
-A peer file (``/work/shared/peers/h200-*.json``) holds ``ceilings`` (``copy_bw`` and
+Which file: ``--peers PATH``, else the newest ``h200-*.json`` (by the date in its name) in
+``<project root>/../shared/peers/``, the project root being the folder holding
+``pyproject.toml`` above this package (a checkout or an editable install); when that folder
+has none, ``<project root>/shared/peers/`` (a copy of the checkout that carries the shared
+folder inside it, as on the GPU machine). ``fp8-h200-*.json``
+files in the same folder hold FP8 figures and are never picked for the bf16 matrix (the
+glob is anchored at the name's start). No file found: :func:`find_peer_file` returns None and
+:func:`describe_search` says where it looked; the bench then runs without the peer column.
+
+A peer file holds ``ceilings`` (``copy_bw`` and
 ``read_bw`` in B/s, ``bf16_peak`` in FLOP/s) and ``rows`` with ``shape``, ``T``, ``E``, ``k``,
 ``H``, ``I`` and, per peer ``P``, ``P_us`` (eager) and ``P_graph_us`` (graph replay).
 
@@ -14,16 +23,18 @@ on both sides makes a machine equal to the table's scale by exactly 1).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from moerun.bench.ceilings import Ceilings
 
-__all__ = ["PeerTable", "PeerTime", "DEFAULT_PEER_GLOBS", "find_peer_file", "load_peers"]
+__all__ = ["PeerTable", "PeerTime", "PEER_GLOB", "project_root", "default_peer_dirs",
+           "find_peer_file", "describe_search", "load_peers"]
 
-DEFAULT_PEER_GLOBS = ("/work/shared/peers/h200-*.json", "shared/peers/h200-*.json")
+#: bf16 peer files; anchored at the start of the name, so ``fp8-h200-*`` never matches.
+PEER_GLOB = "h200-*.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,13 +95,45 @@ class PeerTable:
                 f"TFLOP/s; peers {', '.join(self.peers)})")
 
 
-def find_peer_file(globs: tuple[str, ...] = DEFAULT_PEER_GLOBS) -> str | None:
-    """The newest (by name) file matching the first glob that matches anything, or None."""
-    for pattern in globs:
-        hits = sorted(glob.glob(pattern))
-        if hits:
-            return hits[-1]
+def project_root(start: Path | str | None = None) -> Path | None:
+    """The nearest folder at or above ``start`` (default: this file's folder) that holds a
+    ``pyproject.toml``; None when there is none (e.g. an installed, non-editable copy)."""
+    here = Path(start if start is not None else __file__).resolve()
+    for folder in ([here] if here.is_dir() else []) + list(here.parents):
+        if (folder / "pyproject.toml").is_file():
+            return folder
     return None
+
+
+def default_peer_dirs(root: Path | None = None) -> tuple[Path, ...]:
+    """The folders searched by default, in order: ``<root>/../shared/peers`` and
+    ``<root>/shared/peers`` (``root`` default :func:`project_root`; none without a root)."""
+    root = project_root() if root is None else root
+    if root is None:
+        return ()
+    return (root.parent / "shared" / "peers", root / "shared" / "peers")
+
+
+def find_peer_file(folder: Path | str | None = None) -> str | None:
+    """The newest :data:`PEER_GLOB` file of ``folder``, or of the first of
+    :func:`default_peer_dirs` that has one: the greatest name (names carry ISO dates:
+    ``h200-2026-12-01.json``); None when there is none."""
+    folders = default_peer_dirs() if folder is None else (Path(folder),)
+    for f in folders:
+        if f.is_dir():
+            hits = sorted(p for p in f.glob(PEER_GLOB) if p.is_file())
+            if hits:
+                return str(hits[-1])
+    return None
+
+
+def describe_search(folder: Path | str | None = None) -> str:
+    """Where :func:`find_peer_file` looked, for the "none found" message."""
+    folders = default_peer_dirs() if folder is None else (Path(folder),)
+    if not folders:
+        return (f"no project root (a folder with pyproject.toml) above {Path(__file__).parent}, "
+                "so no shared/peers to search")
+    return f"no {PEER_GLOB} in {' or '.join(str(f) for f in folders)}"
 
 
 def load_peers(path: str) -> PeerTable:

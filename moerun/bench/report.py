@@ -1,5 +1,6 @@
-"""Output of ``moerun bench``: one stable line per cell, JSON (and back), a markdown table,
-and a plain-text progress bar on stderr."""
+"""Output of ``moerun bench``: one stable line per cell, the full table at the end (cells x
+µs, floor/time, best peer scaled, config source; geomeans per backend and cell group), JSON
+(and back), a markdown section, and a plain-text progress bar on stderr."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from moerun.bench.ceilings import Ceilings, Floor
 from moerun.bench.matrix import BackendResult, CellResult
 from moerun.bench.peers import PeerTable, PeerTime
 
-__all__ = ["RunInfo", "Progress", "cell_line", "summary_line", "to_json", "from_json",
-           "render_markdown", "write_results_section", "SCHEMA"]
+__all__ = ["RunInfo", "Progress", "cell_line", "summary_line", "render_table", "to_json",
+           "from_json", "render_markdown", "write_results_section", "SCHEMA"]
 
 SCHEMA = "moerun-bench/1"
 SECTION_BEGIN = "<!-- moerun bench (expert compute): begin -->"
@@ -94,8 +95,9 @@ def _md(text: str) -> str:
 
 def cell_line(cell: CellResult, views: list[BackendView]) -> str:
     """``cell shape=.. T=.. hit=.. bound=.. floor_us=.. | NAME eager_us=.. eager_eff=..
-    graph_us=.. graph_eff=.. vs_peer=.. vs_peer_eager=.. err=.. ok|FAIL | ...``; ``-`` marks
-    a value not measured; skipped backends appear as ``| NAME skipped``."""
+    graph_us=.. graph_eff=.. vs_peer=.. vs_peer_eager=.. err=.. ok|FAIL config=".." | ...``;
+    ``-`` marks a value not measured (``config="-"``: the backend has no tuned configs);
+    skipped backends appear as ``| NAME skipped``."""
     parts = [f"cell shape={cell.shape} T={cell.tokens} hit={cell.experts_hit_mean:.1f} "
              f"bound={cell.floor.bound} floor_us={_us(cell.floor.us)}"]
     for v in views:
@@ -104,19 +106,67 @@ def cell_line(cell: CellResult, views: list[BackendView]) -> str:
             f"{r.name} eager_us={_us(r.eager_us)} eager_eff={_num(v.eager_eff, '.3f')} "
             f"graph_us={_us(r.graph_us)} graph_eff={_num(v.graph_eff, '.3f')} "
             f"vs_peer={_num(v.vs_peer, '.2f')} vs_peer_eager={_num(v.vs_peer_eager, '.2f')} "
-            f"err={_num(r.err, '.1e')} {'ok' if r.ok else 'FAIL'}")
+            f"err={_num(r.err, '.1e')} {'ok' if r.ok else 'FAIL'} config=\"{r.config or '-'}\"")
     for name in cell.skipped:
         parts.append(f"{name} skipped")
     return " | ".join(parts)
 
 
 def summary_line(s: BackendSummary) -> str:
-    """``summary backend=.. cells=.. geomean_eff=.. worst=".." worst_eff=.. geomean_vs_peer=..
-    failures=..``"""
-    return (f"summary backend={s.name} cells={s.cells} geomean_eff={_num(s.geomean_eff, '.3f')} "
+    """``summary backend=.. group=.. cells=.. geomean_eff=.. worst=".." worst_eff=..
+    geomean_vs_peer=.. peer_cells=.. failures=.. heuristic_cells=..``"""
+    return (f"summary backend={s.name} group={s.group} cells={s.cells} "
+            f"geomean_eff={_num(s.geomean_eff, '.3f')} "
             f"worst=\"{s.worst}\" worst_eff={_num(s.worst_eff, '.3f')} "
             f"geomean_vs_peer={_num(s.geomean_vs_peer, '.2f')} peer_cells={s.peer_cells} "
-            f"failures={s.failures}")
+            f"failures={s.failures} heuristic_cells={s.heuristic_cells}")
+
+
+def _plain(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+
+
+def render_table(cells: list[CellResult], views: list[list[BackendView]],
+                 summaries: list[BackendSummary], peers: PeerTable | None) -> str:
+    """The full table printed at the end of a run: one row per (cell, backend) with the
+    serving mode and time, floor, floor/time, the best peer of that mode scaled to this run's
+    ceilings and peer/ours (columns left out without a peer file), the kernel config source
+    and the error; then the geomeans per (group, backend)."""
+    head = ["shape", "T", "group", "backend", "mode", "µs", "floor µs", "floor/t"]
+    if peers is not None:
+        head += ["best peer µs (scaled)", "peer/ours"]
+    head += ["config", "rel err"]
+    rows = [head]
+    for cell, vs in zip(cells, views):
+        for v in vs:
+            r = v.result
+            row = [cell.shape, str(cell.tokens), cell.group, r.name, v.serving_mode or "-",
+                   _us(v.serving_us), _us(cell.floor.us), _num(v.serving_eff, ".3f")]
+            if peers is not None:
+                row += ["-" if v.peer is None else f"{_us(v.peer.scaled_us)} ({v.peer.name})",
+                        _num(v.vs_peer, ".2f")]
+            row += [r.config or "-", _num(r.err, ".1e") + ("" if r.ok else " FAIL")]
+            rows.append(row)
+        for name, why in cell.skipped.items():
+            rows.append([cell.shape, str(cell.tokens), cell.group, name, "skipped"]
+                        + [""] * (len(head) - 6) + [why[:60]])
+    right = {1, 5, 6, 7} | ({8, 9} if peers is not None else set())
+    lines = ["== cells (serving regime: graph replay where timed for T <= graph-max-tokens, "
+             "else eager; " + ("best peer of the same mode, scaled by this run's ceilings)"
+                               if peers is not None else "no peer file, no peer column)")]
+    lines += _plain(rows, right)
+    srows = [["group", "backend", "cells", "geomean floor/t", "worst cell", "worst floor/t",
+              "geomean peer/ours", "peer cells", "heuristic cells", "failures"]]
+    for sm in summaries:
+        srows.append([sm.group, sm.name, str(sm.cells), _num(sm.geomean_eff, ".3f"), sm.worst,
+                      _num(sm.worst_eff, ".3f"), _num(sm.geomean_vs_peer, ".2f"),
+                      str(sm.peer_cells), str(sm.heuristic_cells), str(sm.failures)])
+    lines += ["", "== geomeans per cell group (model: the 20 whole-layer cells; ep-local: the "
+              "8 EP-local cells)"]
+    lines += _plain(srows, {2, 3, 5, 6, 7, 8, 9})
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------- JSON
@@ -145,9 +195,10 @@ def to_json(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
                 "serving_mode": v.serving_mode, "serving_us": v.serving_us,
                 "serving_floor_ratio": v.serving_eff, "peer": _peer_json(v.peer),
                 "vs_peer": v.vs_peer, "peer_eager": _peer_json(v.peer_eager),
-                "vs_peer_eager": v.vs_peer_eager}
+                "vs_peer_eager": v.vs_peer_eager, "config": r.config}
         out_cells.append({
-            "shape": cell.shape, "E": cell.num_experts, "k": cell.top_k, "H": cell.hidden,
+            "shape": cell.shape, "group": cell.group, "eager_only": cell.eager_only,
+            "E": cell.num_experts, "k": cell.top_k, "H": cell.hidden,
             "I": cell.intermediate, "T": cell.tokens, "experts_hit": list(cell.experts_hit),
             "experts_hit_mean": cell.experts_hit_mean, "flops": cell.floor.flops,
             "bytes": cell.floor.bytes, "floor_us": cell.floor.us,
@@ -170,10 +221,11 @@ def to_json(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
             "read_bw": peers.read_bw, "copy_bw": peers.copy_bw, "bandwidth": peers.bandwidth,
             "flops": peers.flops, "peers": list(peers.peers)},
         "cells": out_cells,
-        "summary": {s.name: {"cells": s.cells, "geomean_floor_ratio": s.geomean_eff,
-                             "worst_cell": s.worst, "worst_floor_ratio": s.worst_eff,
-                             "geomean_vs_peer": s.geomean_vs_peer, "peer_cells": s.peer_cells,
-                             "failures": s.failures} for s in summaries},
+        "summary": [{"backend": s.name, "group": s.group, "cells": s.cells,
+                     "geomean_floor_ratio": s.geomean_eff, "worst_cell": s.worst,
+                     "worst_floor_ratio": s.worst_eff, "geomean_vs_peer": s.geomean_vs_peer,
+                     "peer_cells": s.peer_cells, "failures": s.failures,
+                     "heuristic_cells": s.heuristic_cells} for s in summaries],
     }
 
 
@@ -191,14 +243,17 @@ def from_json(data: dict) -> tuple[RunInfo, Ceilings, list[CellResult]]:
     cells = []
     for d in data["cells"]:
         results = tuple(BackendResult(name=name, eager_us=b["eager_us"], graph_us=b["graph_us"],
-                                      err=b["err"], err_bound=b["err_bound"], note=b["note"])
+                                      err=b["err"], err_bound=b["err_bound"], note=b["note"],
+                                      config=b.get("config", ""))
                         for name, b in d["backends"].items())
         floor = Floor(flops=d["flops"], bytes=d["bytes"], compute_us=d["floor_compute_us"],
                       memory_us=d["floor_memory_us"])
         cells.append(CellResult(shape=d["shape"], num_experts=d["E"], top_k=d["k"],
                                 hidden=d["H"], intermediate=d["I"], tokens=d["T"],
                                 experts_hit=tuple(d["experts_hit"]), floor=floor,
-                                results=results, skipped=dict(d.get("skipped", {}))))
+                                results=results, skipped=dict(d.get("skipped", {})),
+                                group=d.get("group", "model"),
+                                eager_only=bool(d.get("eager_only", False))))
     return info, ceilings, cells
 
 
@@ -225,8 +280,8 @@ def render_markdown(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
         f"{info.warmup} warm-up calls, eager {graph_text}",
         f"- Ceilings (this run): {ceilings.describe()}",
         "- Floor: `max(2·T·k·3·H·I / FLOP/s, (hit·3·H·I + 2·T·H)·bytes_per_element / BW)`, "
-        "hit = distinct experts routed (mean over the cell's routings); "
-        "floor/time: 1.0 = at the floor",
+        "BW = max(read, copy counted as read + write bytes), hit = distinct experts routed "
+        "(mean over the cell's routings); floor/time: 1.0 = at the floor",
         f"- Correctness: relative error of {info.check_tokens} random rows vs an fp32 torch "
         "reference (bound per DESIGN 2)",
     ]
@@ -238,27 +293,30 @@ def render_markdown(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
         lines.append("- Peers: none")
     lines += [
         f"- Serving regime: graph replay for T <= {info.graph_max_tokens}, eager above "
-        "(eager where graph replay was not timed)",
+        "(eager where graph replay was not timed; EP-local cells are timed eager only)",
+        "- Config: where the kernel configuration came from (`tuned (<file>)` or `heuristic`; "
+        "`-`: the backend has none)",
         "",
-        "### Summary (serving regime)",
+        "### Summary (serving regime; geomeans per cell group)",
         "",
-        "| backend | cells | geomean floor/time | worst cell | worst floor/time | "
-        "geomean peer/ours | check failures |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: |",
+        "| group | backend | cells | geomean floor/time | worst cell | worst floor/time | "
+        "geomean peer/ours | heuristic cells | check failures |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for s in summaries:
-        lines.append(f"| {s.name} | {s.cells} | {_num(s.geomean_eff, '.3f')} | {s.worst} | "
-                     f"{_num(s.worst_eff, '.3f')} | {_num(s.geomean_vs_peer, '.2f')} "
-                     f"({s.peer_cells} cells) | {s.failures} |")
+        lines.append(f"| {s.group} | {s.name} | {s.cells} | {_num(s.geomean_eff, '.3f')} | "
+                     f"{s.worst} | {_num(s.worst_eff, '.3f')} | "
+                     f"{_num(s.geomean_vs_peer, '.2f')} ({s.peer_cells} cells) | "
+                     f"{s.heuristic_cells} | {s.failures} |")
     lines += [
         "",
         "### Cells",
         "",
         "| shape | T | hit | bound | floor µs | backend | eager µs | floor/t | graph µs | "
         "floor/t | best peer µs (serving, scaled) | peer/ours | best eager peer µs (scaled) | "
-        "peer/ours eager | rel err |",
+        "peer/ours eager | config | rel err |",
         "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- | "
-        "---: | ---: |",
+        "---: | --- | ---: |",
     ]
     for cell, vs in zip(cells, views):
         head = (f"| {cell.shape} | {cell.tokens} | {cell.experts_hit_mean:.1f} | "
@@ -272,9 +330,9 @@ def render_markdown(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
             lines.append(f"{head}| {r.name} | {_us(r.eager_us)} | {_num(v.eager_eff, '.3f')} | "
                          f"{_us(r.graph_us)} | {_num(v.graph_eff, '.3f')} | {peer} | "
                          f"{_num(v.vs_peer, '.2f')} | {peer_e} | "
-                         f"{_num(v.vs_peer_eager, '.2f')} | {err} |")
+                         f"{_num(v.vs_peer_eager, '.2f')} | {_md(r.config or '-')} | {err} |")
         for name, why in cell.skipped.items():
-            lines.append(f"{head}| {name} | skipped: {_md(why)} | | | | | | | | |")
+            lines.append(f"{head}| {name} | skipped: {_md(why)} | | | | | | | | | |")
     notes = [(cell, v.result) for cell, vs in zip(cells, views) for v in vs if v.result.note]
     if notes:
         lines += ["", "### Notes", ""]

@@ -1,11 +1,16 @@
 """Kernel configurations for :class:`TritonExperts`: the data, the T buckets, the lookup.
 
-A configuration is chosen per layer shape ``(E, N, K)`` -- ``E`` local slots, ``N`` the
-intermediate size ``I``, ``K`` the hidden size ``H`` (the names tuned-MoE configs use
-elsewhere) -- and per **T bucket** (the next power of two at or above the token count ``T``).
-Tuned entries are JSON files in ``configs/`` written by ``moerun tune`` (``tune.py``); every
-file states the command, date and device that wrote it. A shape with no file gets
-:func:`default_config`, a heuristic by tokens per expert.
+A configuration is chosen by the shape the kernels **run** -- ``S`` the local slot count
+(``w13.shape[0]``: all experts on one rank, ``S / ep_size`` under expert parallelism), ``N``
+the intermediate size ``I``, ``K`` the hidden size ``H`` (the names tuned-MoE configs use
+elsewhere), the dtype and the device -- and per **T bucket** (the next power of two at or
+above the row count ``T``). Tuned entries are JSON files in ``configs/`` named
+``S{S}_N{N}_K{K}_{dtype}_{device}.json``, written by ``moerun tune`` (``tune.py``); every file
+states the command, date and device that wrote it. A key with no file gets
+:func:`default_config`, a heuristic by tokens per expert. There is no fallback between keys
+(another device's or dtype's file, the global expert count): a file applies only to the
+shape it was tuned on, and every lookup says which source it used (:class:`ConfigChoice`:
+``"tuned (<file>)"`` or ``"heuristic"``); the first heuristic choice of a key is logged.
 
 The lookup is pure host arithmetic on ``T = x.shape[0]`` (host-known): no device sync, so it
 is safe under CUDA-graph capture. Nothing here imports triton.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -27,6 +33,7 @@ __all__ = [
     "GateUpConfig",
     "DownConfig",
     "ExpertsConfig",
+    "ConfigChoice",
     "CONFIG_DIR",
     "T_BUCKETS",
     "NUM_SMS_DEFAULT",
@@ -36,7 +43,10 @@ __all__ = [
     "fit_to_dtype",
     "ConfigTable",
     "load_config_file",
+    "dtype_name",
 ]
+
+log = logging.getLogger("moerun")
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 #: Power-of-two token buckets; T above the last one uses the last one's entry.
@@ -124,10 +134,17 @@ def bucket_of(num_tokens: int) -> int:
     return min(b, T_BUCKETS[-1])
 
 
-def config_file_name(num_slots: int, inter: int, hidden: int, device_name: str) -> str:
-    """``E{S}_N{I}_K{H}_{device}.json`` (letters, digits and ``_`` only)."""
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` / ``"bfloat16"`` -> ``"bfloat16"``."""
+    return dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
+
+
+def config_file_name(num_slots: int, inter: int, hidden: int, dtype: torch.dtype | str,
+                     device_name: str) -> str:
+    """``S{S}_N{I}_K{H}_{dtype}_{device}.json`` (letters, digits and ``_`` only): ``S`` the
+    local slot count the kernels run, ``dtype`` e.g. ``bfloat16``."""
     dev = "".join(c if c.isalnum() else "_" for c in device_name)
-    return f"E{num_slots}_N{inter}_K{hidden}_{dev}.json"
+    return f"S{num_slots}_N{inter}_K{hidden}_{dtype_name(dtype)}_{dev}.json"
 
 
 def default_config(num_slots: int, inter: int, hidden: int, num_tokens: int, top_k: int,
@@ -204,33 +221,76 @@ def load_config_file(path: Path) -> tuple[dict, dict[int, ExpertsConfig]]:
     return data.get("meta", {}), entries
 
 
+@dataclass(frozen=True, kw_only=True)
+class ConfigChoice:
+    """The result of one lookup.
+
+    Fields:
+        config: the configuration to launch (already fitted to the dtype's shared memory).
+        source: ``"tuned (<file name>)"``, ``"heuristic"`` or ``"override"``.
+        bucket: the T bucket looked up.
+        entry_bucket: the file entry used (the nearest tuned bucket in log space); None
+            unless tuned.
+        detail: why (for a heuristic: the file that was looked for and where).
+    """
+
+    config: ExpertsConfig
+    source: str
+    bucket: int
+    entry_bucket: int | None = None
+    detail: str = ""
+
+    @property
+    def tuned(self) -> bool:
+        return self.source.startswith("tuned")
+
+    def describe(self) -> str:
+        """``source`` plus the entry or the reason, e.g. ``tuned (f.json), entry T=16``."""
+        if self.entry_bucket is not None:
+            return f"{self.source}, entry T={self.entry_bucket}"
+        return f"{self.source} ({self.detail})" if self.detail else self.source
+
+
+@dataclass(frozen=True)
+class _FileTable:
+    name: str
+    entries: dict  # bucket -> (entry bucket, ExpertsConfig)
+
+
 @functools.lru_cache(maxsize=64)
-def _file_table(num_slots: int, inter: int, hidden: int, device_name: str,
-                config_dir: str) -> dict[int, ExpertsConfig] | None:
-    d = Path(config_dir)
-    exact = d / config_file_name(num_slots, inter, hidden, device_name)
-    if exact.exists():
-        path = exact
-    else:  # a file tuned on another device beats the heuristic
-        same_shape = sorted(d.glob(f"E{num_slots}_N{inter}_K{hidden}_*.json"))
-        if not same_shape:
-            return None
-        path = same_shape[0]
+def _file_table(num_slots: int, inter: int, hidden: int, dtype: str, device_name: str,
+                config_dir: str) -> _FileTable | None:
+    name = config_file_name(num_slots, inter, hidden, dtype, device_name)
+    path = Path(config_dir) / name
+    if not path.is_file():
+        return None
     _, entries = load_config_file(path)
     if not entries:
         return None
     keys = sorted(entries)
     table = {}
     for b in T_BUCKETS:  # nearest tuned T in log space, ties to the larger
-        table[b] = entries[min(keys, key=lambda t: (abs(math.log2(t) - math.log2(b)), -t))]
-    return table
+        near = min(keys, key=lambda t: (abs(math.log2(t) - math.log2(b)), -t))
+        table[b] = (near, entries[near])
+    return _FileTable(name=name, entries=table)
+
+
+def _runs(choices: list[ConfigChoice]) -> list[tuple[int, int, ConfigChoice]]:
+    """Consecutive buckets with the same description merged: ``[(first, last, choice)]``."""
+    out: list[tuple[int, int, ConfigChoice]] = []
+    for c in choices:
+        if out and out[-1][2].describe() == c.describe():
+            out[-1] = (out[-1][0], c.bucket, out[-1][2])
+        else:
+            out.append((c.bucket, c.bucket, c))
+    return out
 
 
 class ConfigTable:
     """Per-bucket config lookup for one device.
 
-    ``lookup(...)`` costs a dict lookup after the first call for a shape (the file is read
-    and expanded to every bucket once, then cached). ``overrides`` ({T bucket: config}) wins
+    ``lookup(...)`` costs a dict lookup after the first call for a key (the file is read and
+    expanded to every bucket once, then cached). ``overrides`` ({T bucket: config}) wins
     over files -- used by the tuner and the benchmark to time candidates.
     """
 
@@ -239,18 +299,58 @@ class ConfigTable:
         self.device_name = device_name
         self.config_dir = str(config_dir or os.environ.get("MOERUN_TRITON_CONFIG_DIR", CONFIG_DIR))
         self.overrides = dict(overrides or {})
-        self._cache: dict[tuple, ExpertsConfig] = {}
+        self._cache: dict[tuple, ConfigChoice] = {}
+        self._logged: set[tuple] = set()
 
     def lookup(self, num_slots: int, inter: int, hidden: int, num_tokens: int, top_k: int,
-               dtype: torch.dtype) -> ExpertsConfig:
+               dtype: torch.dtype) -> ConfigChoice:
+        """The configuration for a call with ``num_tokens`` rows on ``num_slots`` local slots
+        (``w13 [num_slots, 2*inter, hidden]``), ``top_k`` ids per row, ``dtype`` inputs.
+
+        Keyed by ``(num_slots, inter, hidden, dtype, device)``: the file
+        ``config_file_name(...)`` of exactly that key, else the heuristic (logged once per key
+        and table). Host only, no device sync (safe under graph capture)."""
         b = bucket_of(num_tokens)
-        if b in self.overrides:
-            return fit_to_dtype(self.overrides[b], dtype)
         key = (num_slots, inter, hidden, b, top_k, dtype)
-        cfg = self._cache.get(key)
-        if cfg is None:
-            table = _file_table(num_slots, inter, hidden, self.device_name, self.config_dir)
-            base = table[b] if table is not None else default_config(
-                num_slots, inter, hidden, b, top_k)
-            cfg = self._cache[key] = fit_to_dtype(base, dtype)
-        return cfg
+        choice = self._cache.get(key)
+        if choice is not None:
+            return choice
+        if b in self.overrides:
+            choice = ConfigChoice(config=fit_to_dtype(self.overrides[b], dtype),
+                                  source="override", bucket=b)
+        else:
+            table = _file_table(num_slots, inter, hidden, dtype_name(dtype), self.device_name,
+                                self.config_dir)
+            if table is not None:
+                near, cfg = table.entries[b]
+                choice = ConfigChoice(config=fit_to_dtype(cfg, dtype),
+                                      source=f"tuned ({table.name})", bucket=b,
+                                      entry_bucket=near)
+            else:
+                name = config_file_name(num_slots, inter, hidden, dtype, self.device_name)
+                where = ("the shipped configs" if Path(self.config_dir) == CONFIG_DIR
+                         else self.config_dir)
+                choice = ConfigChoice(
+                    config=fit_to_dtype(default_config(num_slots, inter, hidden, b, top_k),
+                                        dtype),
+                    source="heuristic", bucket=b,
+                    detail=f"no {name} in {where}; `moerun tune` writes it")
+                once = (num_slots, inter, hidden, dtype)
+                if once not in self._logged:
+                    self._logged.add(once)
+                    log.info("moerun: TritonExperts runs heuristic kernel configs for S=%d "
+                             "N=%d K=%d %s on %s (%s)", num_slots, inter, hidden,
+                             dtype_name(dtype), self.device_name or "?", choice.detail)
+        self._cache[key] = choice
+        return choice
+
+    def report_lines(self, num_slots: int, inter: int, hidden: int, top_k: int,
+                     dtype: torch.dtype) -> tuple[str, ...]:
+        """The choice of every T bucket for one local shape, consecutive buckets with the
+        same source merged: a head line naming the key, then ``T a-b: <source>`` lines."""
+        choices = [self.lookup(num_slots, inter, hidden, b, top_k, dtype) for b in T_BUCKETS]
+        head = (f"S_local={num_slots} N=I={inter} K=H={hidden} {dtype_name(dtype)} on "
+                f"{self.device_name or '?'}:")
+        body = [f"T {lo}-{hi}: {c.describe()}" if lo != hi else f"T {lo}: {c.describe()}"
+                for lo, hi, c in _runs(choices)]
+        return (head, *body)

@@ -122,8 +122,27 @@ class TritonExperts(Backend):
 
     def config_for(self, num_slots: int, inter: int, hidden: int, num_tokens: int,
                    top_k: int, dtype: torch.dtype):
-        """The :class:`ExpertsConfig` a call with these sizes uses (host-only lookup)."""
-        return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k, dtype)
+        """The :class:`ExpertsConfig` a call with these sizes uses (host-only lookup keyed by
+        the local slot count ``num_slots``; :meth:`kernel_config` says where it came from)."""
+        return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k, dtype).config
+
+    def kernel_config(self, *, num_slots: int, hidden: int, intermediate: int, num_tokens: int,
+                      top_k: int, dtype: torch.dtype) -> str:
+        """``"tuned (<file>)"``, ``"heuristic"`` or ``"override"`` for a call of this shape."""
+        return self._table().lookup(num_slots, intermediate, hidden, num_tokens, top_k,
+                                    dtype).source
+
+    @classmethod
+    def config_report(cls, problem: Problem, deployment: Deployment, env: Env
+                      ) -> tuple[str, ...]:
+        """Per T bucket: the config source for this rank's local shape (the default table of
+        ``env``'s device; a layer given a ``TritonExperts(configs=...)`` instance uses its
+        own table instead). Reads the shipped JSON files once per shape."""
+        from moerun.backends.triton.configs import ConfigTable
+
+        return ConfigTable(device_name=env.device_name).report_lines(
+            deployment.num_local_slots, problem.intermediate_size, problem.hidden_size,
+            problem.top_k, problem.dtype)
 
     def quantize_rows(self, x, config):
         """One Triton launch (``fp8.quantize_rows_fp8``) for 128-column groups; the torch

@@ -1,0 +1,278 @@
+"""Kernel configs by the shape that runs (issue 11), on a CPU, in-process (nothing here
+imports triton): the lookup key is (local slots, N, K, dtype, device); every lookup says
+"tuned (<file>)" or "heuristic"; the resolution report lists it per T bucket; ``moerun tune``
+plans the EP-local shapes and its files round-trip into the lookup.
+
+Shipped files (``moerun/backends/triton/configs/``) were tuned on one rank, so their slot
+count is the model's E: ``S256_N2048_K7168_bfloat16_NVIDIA_H200.json`` serves DeepSeek-V3 on
+one GPU, not its EP8 rank (32 local slots), which needs ``S32_...`` of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
+                                            GateUpConfig, default_config, fit_to_dtype,
+                                            load_config_file)
+from moerun.backends.triton.tune import main as tune_main
+from moerun.backends.triton.tune_plan import (TunedEntry, compile_configs, merge_entries,
+                                              plan_points, read_config_data)
+from moerun.bench.shapes import SHAPES
+from moerun.capability import Deployment, Problem
+from moerun.config import Activation
+from moerun.env import Env
+from moerun.resolve import resolve
+
+H200 = "NVIDIA H200"
+DSV3_FILE = "S256_N2048_K7168_bfloat16_NVIDIA_H200.json"
+EP8_FILE = "S32_N2048_K7168_bfloat16_NVIDIA_H200.json"
+BF16 = torch.bfloat16
+# Two configs unlike the heuristic's for the EP-local shape, small enough that fitting to
+# shared memory leaves them unchanged (bf16: 4 * (64*64 + 2*64*64) * 2 B = 96 KiB).
+CFG_A = ExpertsConfig(block_m=64, gate_up=GateUpConfig(block_n=64, block_k=64, group_m=4),
+                      down=DownConfig(block_n=64, block_k=64, group_m=4), combine="reduce")
+CFG_B = ExpertsConfig(block_m=128, gate_up=GateUpConfig(block_n=64, block_k=32, num_warps=8),
+                      down=DownConfig(block_n=128, block_k=32, num_warps=8), combine="reduce")
+
+
+def _env(device_name=H200) -> Env:
+    return Env(torch_version="2.x", cuda_available=True, device_capability=(9, 0),
+               device_name=device_name, num_gpus=8, triton_version="3.6.0", nvtx_version=None,
+               deep_ep_version=None, transformers_version=None, triton_interpret=False,
+               has_grouped_mm=True)
+
+
+def _dsv3_problem() -> Problem:
+    return Problem(num_experts=256, num_slots=256, top_k=8, hidden_size=7168,
+                   intermediate_size=2048, dtype=BF16, activation=Activation.SILU_GLU,
+                   device_type="cuda")
+
+
+def _write_ep8_file(folder, winners, command="moerun tune --shapes deepseek-v3-ep8-local"):
+    path = folder / EP8_FILE
+    data = merge_entries(read_config_data(path), shape=SHAPES["deepseek-v3-ep8-local"],
+                         dtype=BF16, device_name=H200, command=command, date="2026-12-02",
+                         versions={"torch": "2.x", "triton": "3.6.0"}, winners=winners)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------- the lookup and its source
+
+def test_single_rank_shape_is_tuned_and_ep_local_shape_is_heuristic():
+    table = ConfigTable(device_name=H200)
+    one_rank = table.lookup(256, 2048, 7168, 16, 8, BF16)
+    assert one_rank.source == f"tuned ({DSV3_FILE})" and one_rank.tuned
+    assert one_rank.entry_bucket == 16
+    _, entries = load_config_file(table.config_dir + "/" + DSV3_FILE)
+    assert one_rank.config == fit_to_dtype(entries[16], BF16)
+    # DeepSeek-V3 under EP8: the kernels run 32 local slots; the 256-slot file does not apply
+    ep8 = table.lookup(32, 2048, 7168, 16, 8, BF16)
+    assert ep8.source == "heuristic" and not ep8.tuned and ep8.entry_bucket is None
+    assert ep8.config == fit_to_dtype(default_config(32, 2048, 7168, 16, 8), BF16)
+    assert EP8_FILE in ep8.detail and "moerun tune" in ep8.detail
+
+
+@pytest.mark.parametrize("dtype, device", [(torch.float16, H200), (BF16, "NVIDIA H100"),
+                                           (BF16, "")])
+def test_no_fallback_to_another_dtype_or_device(dtype, device):
+    choice = ConfigTable(device_name=device).lookup(256, 2048, 7168, 16, 8, dtype)
+    assert choice.source == "heuristic"
+    assert choice.config == fit_to_dtype(default_config(256, 2048, 7168, 16, 8), dtype)
+
+
+def test_overrides_say_so():
+    choice = ConfigTable(overrides={16: CFG_A}).lookup(256, 2048, 7168, 9, 8, BF16)
+    assert (choice.source, choice.bucket, choice.config) == ("override", 16, CFG_A)
+
+
+def test_heuristic_is_logged_once_per_key(caplog):
+    table = ConfigTable(device_name=H200)
+    with caplog.at_level(logging.INFO, logger="moerun"):
+        for t in (1, 16, 1024, 8192):
+            table.lookup(32, 2048, 7168, t, 8, BF16)
+        table.lookup(256, 2048, 7168, 16, 8, BF16)  # tuned: nothing to log
+    msgs = [r.getMessage() for r in caplog.records if "heuristic" in r.getMessage()]
+    assert len(msgs) == 1 and "S=32 N=2048 K=7168 bfloat16" in msgs[0]
+
+
+def test_report_lines_per_bucket():
+    # entries at T = 1, 16, 128, 1024, 8192; each bucket takes the nearest in log2, ties to
+    # the larger: 2 -> 1; 4 (2 from 1 and from 16) -> 16; 64 -> 128; 512 -> 1024; 4096 -> 8192
+    lines = ConfigTable(device_name=H200).report_lines(256, 2048, 7168, 8, BF16)
+    src = f"tuned ({DSV3_FILE})"
+    assert lines == (
+        "S_local=256 N=I=2048 K=H=7168 bfloat16 on NVIDIA H200:",
+        f"T 1-2: {src}, entry T=1", f"T 4-32: {src}, entry T=16",
+        f"T 64-256: {src}, entry T=128", f"T 512-2048: {src}, entry T=1024",
+        f"T 4096-16384: {src}, entry T=8192")
+
+
+# ---------------------------------------------------------------- the resolution report
+
+def test_resolution_report_states_the_source_of_the_local_shape():
+    env = _env()
+    ep8 = resolve(_dsv3_problem(), Deployment(rank=3, world_size=8, comm_backend="nccl",
+                                              num_local_slots=32, divisible=True),
+                  env, backend="triton", comm="allgather")
+    text = str(ep8)
+    assert ("  kernel configs:      S_local=32 N=I=2048 K=H=7168 bfloat16 on NVIDIA H200:\n"
+            f"    T 1-16384: heuristic (no {EP8_FILE}") in text
+    one = resolve(_dsv3_problem(), Deployment(rank=0, world_size=1, comm_backend="none",
+                                              num_local_slots=256, divisible=True),
+                  env, backend="triton")
+    assert one.kernel_configs[0] == "S_local=256 N=I=2048 K=H=7168 bfloat16 on NVIDIA H200:"
+    assert f"    T 4-32: tuned ({DSV3_FILE}), entry T=16" in str(one)
+
+
+def test_backend_without_configs_has_no_config_lines():
+    problem = Problem(num_experts=8, num_slots=8, top_k=2, hidden_size=64,
+                      intermediate_size=32, dtype=torch.float32,
+                      activation=Activation.SILU_GLU, device_type="cpu")
+    report = resolve(problem, Deployment(rank=0, world_size=1, comm_backend="none",
+                                         num_local_slots=8, divisible=True),
+                     _env("cpu"), backend="grouped_mm")
+    assert report.kernel_configs == () and "kernel configs" not in str(report)
+
+
+# ---------------------------------------------------------------- tune: files and plan
+
+def test_tuned_file_of_the_local_shape_round_trips(tmp_path):
+    path = _write_ep8_file(tmp_path, {256: TunedEntry(config=CFG_A, us=700.0, timing="eager",
+                                                      tokens=256, floor_us=650.0),
+                                      16384: TunedEntry(config=CFG_B, us=21000.0,
+                                                        timing="eager", tokens=32768)})
+    assert path.name == EP8_FILE
+    meta, entries = load_config_file(path)
+    assert entries == {256: CFG_A, 16384: CFG_B}
+    assert meta["shape"] == {"name": "deepseek-v3-ep8-local", "S": 32, "top_k": 4, "H": 7168,
+                             "I": 2048}
+    assert meta["dtype"] == "bfloat16" and meta["device"] == H200
+    raw = json.loads(path.read_text())["entries"]["256"]
+    assert raw["floor_over_time"] == round(650.0 / 700.0, 4) and raw["T"] == 256
+
+    table = ConfigTable(device_name=H200, config_dir=tmp_path)
+    got = table.lookup(32, 2048, 7168, 256, 4, BF16)
+    assert (got.config, got.source, got.entry_bucket) == (CFG_A, f"tuned ({EP8_FILE})", 256)
+    got = table.lookup(32, 2048, 7168, 32768, 4, BF16)  # bucket 16384
+    assert (got.config, got.entry_bucket) == (CFG_B, 16384)
+    # T=1: log2 distance 8 to 256, 14 to 16384
+    assert table.lookup(32, 2048, 7168, 1, 4, BF16).config == CFG_A
+    # the single-rank shape has no file in this folder
+    assert table.lookup(256, 2048, 7168, 256, 8, BF16).source == "heuristic"
+
+    # a second run adds a bucket and keeps the others; history has both runs
+    _write_ep8_file(tmp_path, {2048: TunedEntry(config=CFG_B, us=2000.0, timing="eager",
+                                                tokens=2048)}, command="moerun tune --T 2048")
+    data = json.loads(path.read_text())
+    assert list(data["entries"]) == ["256", "2048", "16384"]
+    assert [h["command"] for h in data["meta"]["history"]] == [
+        "moerun tune --shapes deepseek-v3-ep8-local", "moerun tune --T 2048"]
+    assert [h["T"] for h in data["meta"]["history"]] == [[256, 32768], [2048]]
+
+
+def test_plan_covers_the_ep_local_shapes(tmp_path, capsys):
+    _write_ep8_file(tmp_path, {256: TunedEntry(config=CFG_A, us=700.0, timing="eager",
+                                               tokens=256)})
+    rc = tune_main(["--shapes", "deepseek-v3-ep8-local,qwen3-235b-ep8-local", "--plan",
+                    "--device-name", H200, "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    points = [ln for ln in out.splitlines() if ln.startswith("point ")]
+    assert len(points) == 8
+    want = [(name, t, b) for name in ("deepseek-v3-ep8-local", "qwen3-235b-ep8-local")
+            for t, b in ((256, 256), (2048, 2048), (8192, 8192), (32768, 16384))]
+    got = [(ln.split()[1], int(ln.split()[2][2:]), int(ln.split()[3][7:])) for ln in points]
+    assert got == want
+    assert all(" mode=eager " in ln for ln in points)
+    assert all(ln.endswith(str(tmp_path / EP8_FILE)) for ln in points[:4])
+    assert all(ln.endswith(str(tmp_path / "S16_N1536_K4096_bfloat16_NVIDIA_H200.json"))
+               for ln in points[4:])
+    assert f'incumbent="tuned ({EP8_FILE})"' in points[0]
+    assert all('incumbent="heuristic"' in ln for ln in points[1:])
+    assert " S=32 " in points[0] and " S=16 " in points[4]
+    assert out.splitlines()[-1].startswith("plan: 8 points, ")
+
+
+def test_plan_modes_follow_the_bench_serving_regime(tmp_path):
+    points = plan_points([SHAPES["mixtral8x7b"]], None, BF16, H200, tmp_path)
+    assert [(p.tokens, p.mode) for p in points] == [(1, "graph"), (16, "graph"),
+                                                    (128, "graph"), (1024, "graph"),
+                                                    (8192, "eager")]
+    for p in points:
+        assert len(compile_configs(p)) == p.num_configs  # every timed config is compiled
+        assert p.file_name == "S8_N14336_K4096_bfloat16_NVIDIA_H200.json"
+
+
+def test_tune_needs_a_gpu_or_plan(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert tune_main(["--shapes", "tiny"]) == 2
+    assert "needs a CUDA GPU (--plan prints the plan without one)" in capsys.readouterr().err
+    assert tune_main(["--shapes", "tiny", "--plan"]) == 2
+    assert "--plan without a GPU needs --device-name" in capsys.readouterr().err
+
+
+_TUNE_ON_CPU = r'''
+import json, sys, torch
+from pathlib import Path
+from moerun.backends.triton.configs import (ConfigTable, DownConfig, GateUpConfig,
+                                            config_file_name, default_config)
+from moerun.backends.triton.tune import run_points, write_winners
+from moerun.backends.triton.tune_plan import CandidateSet, DownChoice, TunePoint
+from moerun.bench.ceilings import Ceilings
+from moerun.bench.shapes import SHAPES
+
+out_dir = Path(sys.argv[1])
+gu = GateUpConfig(block_n=32, block_k=32, num_stages=2)
+dn = DownConfig(block_n=32, block_k=32, num_stages=2)
+pt = TunePoint(shape=SHAPES["tiny"], tokens=3, bucket=4, mode="graph",
+               incumbent=default_config(8, 32, 64, 4, 2), incumbent_source="heuristic",
+               candidate_sets=(CandidateSet(block_m=16, gate_ups=(gu,), downs=(
+                   DownChoice(down=dn, combine="reduce"), DownChoice(down=dn, combine="atomic"))),),
+               file_name=config_file_name(8, 32, 64, "float16", "cpu"))
+ceilings = Ceilings(read_bw=1e10, copy_bw=1e10, flops=1e11)
+winners = run_points([pt], device=torch.device("cpu"), dtype=torch.float16, ceilings=ceilings,
+                     budget_s=600, out=sys.stderr)
+paths = write_winners(winners, [pt], out_dir, dtype=torch.float16, device_name="cpu",
+                      command="test", out=sys.stderr)
+entry = winners[pt.file_name][4]
+choice = ConfigTable(device_name="cpu", config_dir=out_dir).lookup(8, 32, 64, 3, 2, torch.float16)
+timed = [pt.incumbent.key()] + [c.key() for c in (
+    __import__("moerun.backends.triton.configs", fromlist=["x"]).ExpertsConfig(
+        block_m=16, gate_up=gu, down=dn, combine=k) for k in ("reduce", "atomic"))]
+print(json.dumps({"files": [p.name for p in paths], "timing": entry.timing, "us": entry.us,
+                  "floor_us": entry.floor_us, "config": entry.config.key(), "timed": timed,
+                  "looked_up": choice.config.key(), "source": choice.source}))
+'''
+
+
+def test_tune_loop_runs_under_the_interpreter_and_its_file_is_used(tmp_path):
+    """The timing loop on a CPU (Triton interpreter, fp16, eager): a winner among the timed
+    configs, its floor from moerun.bench, the file written and then looked up as tuned."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _TUNE_ON_CPU, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["files"] == ["S8_N32_K64_float16_cpu.json"]
+    assert got["timing"] == "eager" and got["us"] > 0
+    assert got["config"] in got["timed"]
+    assert got["looked_up"] == got["config"]
+    assert got["source"] == "tuned (S8_N32_K64_float16_cpu.json)"
+    # tiny T=3 (k=2): 2..6 experts hit; bytes (hit*3*64*32 + 2*3*64)*2 = 25,344..74,496
+    # over 1e10 B/s = 2.5344..7.4496 µs, above the 0.737 µs of compute (2*3*2*3*64*32 / 1e11)
+    hit = (got["floor_us"] * 1e-6 * 1e10 / 2 - 2 * 3 * 64) / (3 * 64 * 32)
+    assert 2 <= hit <= 6
+    assert 2.5344 - 1e-9 <= got["floor_us"] <= 7.4496 + 1e-9
