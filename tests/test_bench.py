@@ -551,3 +551,30 @@ def test_bench_output_has_the_full_table(monkeypatch, tmp_path):
     assert [c["backends"]["tuned_fake"]["config"] for c in data["cells"]] == [
         "tuned (S8_fake.json)", "heuristic"]
     assert data["cells"][0]["group"] == "tiny" and data["cells"][0]["eager_only"] is False
+
+
+# ------------------------------------------------------------------ --dtype fp8
+def test_fp8_bench_floor_json_and_errors_by_hand(tmp_path):
+    """``--dtype fp8`` on a CPU (the reference backend): every cell's fp8 floor equals the
+    hand formula (weights 1 byte/element + fp32 scales per 128x128 block + 4*T*H activation
+    bytes, over BW; flops over the given rate), errors against DESIGN 11a's reference are
+    within 3e-2, and a shape whose H is not a multiple of 128 is a usage error."""
+    bw, flops = 2e10, 1e11  # read, copy, flops
+    path = tmp_path / "f8.json"
+    rc, out, err = _bench(["--dtype", "fp8", "--shapes", "8:2:128:256", "--tokens", "1,9",
+                           "--ceilings", f"{bw},{bw / 2},{flops}", "--repeats", "2",
+                           "--warmup", "0", "--calls-per-graph", "3", "--out", str(path)])
+    assert rc == 0, err
+    data = json.loads(path.read_text())
+    assert [c["tokens"] for c in data["cells"]] == [1, 9]
+    for c in data["cells"]:
+        t, hit, h, i, k = c["tokens"], c["experts_hit"], 128, 256, 2
+        assert 1 <= hit <= min(8, t * k)
+        nbytes = hit * 3 * h * i + hit * 3 * h * i / 128 ** 2 * 4 + 4 * t * h
+        want = max(2 * t * k * 3 * h * i / flops, nbytes / bw) * 1e6
+        assert abs(c["floor_fp8_us"] - want) <= 1e-9 * want, (c, want)
+        assert c["err"] <= 3e-2 and c["fp8_us"] > 0 and c["method"] == "eager"
+    assert "geomean fp8 floor/time over 2 cells" in out
+    assert "every cell within 3e-2 of the DESIGN 11a reference" in out
+    rc, _, err = _bench(["--dtype", "fp8", "--shapes", "tiny"])
+    assert rc == 2 and "multiples of 128" in err

@@ -352,7 +352,8 @@ def test_config_validation_messages():
 def test_tuned_config_files():
     """Every shipped JSON parses, names its command/date/device, is named by its own key
     (local slots, N, K, dtype, device) and covers the bench T list of the shape it was tuned
-    on; the four model shapes are shipped, and the lookup returns each entry as tuned."""
+    on; the four model shapes are shipped in bf16 and fp8, and the lookup returns each entry
+    as tuned (fp8 files come from ``benchmarks/fp8_sweep.py``, the fp8 tuner)."""
     from moerun.backends.triton.configs import (CONFIG_DIR, ConfigTable, bucket_of,
                                                 config_file_name, fit_to_dtype,
                                                 load_config_file)
@@ -363,27 +364,28 @@ def test_tuned_config_files():
     by_name = {}
     for f in files:
         meta, entries = load_config_file(f)
-        assert "tune" in meta.get("command", ""), f
+        fp8 = meta["dtype"] == "float8_e4m3fn"
+        assert ("fp8_sweep" if fp8 else "tune") in meta.get("command", ""), f
         assert meta.get("date") and meta.get("device"), f
         assert entries, f
         shape = meta["shape"]
         slots = shape.get("S", shape.get("E"))  # files before issue 11 wrote E (= S, one rank)
         assert f.name == config_file_name(slots, shape["I"], shape["H"], meta["dtype"],
                                           meta["device"]), f
-        by_name[shape["name"]] = (f, meta, entries)
+        by_name[(shape["name"], meta["dtype"])] = (f, meta, entries)
     for name in ("mixtral8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"):
-        assert name in by_name, name
-    for name, (f, meta, entries) in by_name.items():
+        assert (name, "bfloat16") in by_name and (name, "float8_e4m3fn") in by_name, name
+    for (name, dname), (f, meta, entries) in by_name.items():
+        dtype = getattr(torch, dname)
         s = SHAPES.get(name)
         if s is None:  # an E:K:H:I shape: no registered T list to cover
             continue
         table = ConfigTable(device_name=meta["device"])
         for t in s.tokens:
             assert bucket_of(t) in entries, (name, t)
-            got = table.lookup(s.num_experts, s.intermediate, s.hidden, t, s.top_k,
-                               torch.bfloat16)
-            # the run-time config is the entry fitted to the shared-memory limit
-            assert got.config == fit_to_dtype(entries[bucket_of(t)], torch.bfloat16)
+            got = table.lookup(s.num_experts, s.intermediate, s.hidden, t, s.top_k, dtype)
+            # the run-time config is the entry fitted to the shared-memory limit (fp8: as is)
+            assert got.config == fit_to_dtype(entries[bucket_of(t)], dtype)
             assert got.source == f"tuned ({f.name})" and got.entry_bucket == bucket_of(t)
 
 

@@ -22,7 +22,7 @@ import torch
 
 __all__ = ["add_arguments", "run", "main"]
 
-_DTYPES = ("float32", "float16", "bfloat16")
+_DTYPES = ("float32", "float16", "bfloat16", "fp8")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with the default --backends, time the reference backend up to this T "
                         "(default 16)")
     g.add_argument("--dtype", choices=_DTYPES, default="bfloat16",
-                   help="activation/weight dtype (default bfloat16)")
+                   help="activation/weight dtype (default bfloat16); fp8: the FP8 block-scaled "
+                        "expert path (e4m3 weights, 128x128 fp32 block scales, bf16 "
+                        "activations quantized per 128 columns) against an fp8 floor and "
+                        "moerun's own bf16 path on the same weights (moerun.bench.fp8)")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="device (default: cuda if available)")
     g.add_argument("--repeats", type=int, default=20,
@@ -206,6 +209,10 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    if args.dtype == "fp8" and not args.from_json:
+        from moerun.bench.fp8 import run as run_fp8
+
+        return run_fp8(args, out, err)
     status = _from_json(args, out, err) if args.from_json else _run_matrix(args, out, err)
     if getattr(args, "write_selection", None) and status != 2:
         source = args.from_json or args.out

@@ -41,6 +41,8 @@ __all__ = [
     "config_file_name",
     "default_config",
     "fit_to_dtype",
+    "fp8_default_config",
+    "FP8_GROUP",
     "ConfigTable",
     "load_config_file",
     "dtype_name",
@@ -188,11 +190,53 @@ def default_config(num_slots: int, inter: int, hidden: int, num_tokens: int, top
     return ExpertsConfig(block_m=128, gate_up=gate_up, down=down, combine="reduce")
 
 
+#: The K tile of the fp8 kernels: one 128-column scale group per step (``fp8.py``).
+FP8_GROUP = 128
+
+
+def fp8_default_config(num_slots: int, inter: int, hidden: int, num_tokens: int,
+                       top_k: int, num_sms: int = NUM_SMS_DEFAULT) -> ExpertsConfig:
+    """Heuristic fp8 config for a shape no tuned fp8 file covers (pure host arithmetic).
+
+    From the H200 sweeps of 2026-12-01 (``benchmarks/fp8_sweep.py``, raw in
+    ``benchmarks/fp8-sweep-h200-2026-12-01-run*.json``): a scaled fp8 K step keeps the
+    accumulator *and* the step's dot result in registers, so tiles are sized to
+    ``accumulators * 2 * BM * BN / threads <= 128`` (128 x 128 two-accumulator tiles spilled
+    and ran 5-10x slow).
+
+    * memory-bound (<= 12 rows per hit expert): ``block_m`` 16, gate/up 64 or 128 columns,
+      down 128 columns with split-K until the programs cover the SMs twice, atomic combine;
+    * otherwise ``block_m`` 64, gate/up 128 columns x 8 warps (its epilogue writes the
+      intermediate in fp8), down 128 columns x 4 warps, reduce combine.
+    """
+    pairs = max(1, num_tokens * top_k)
+    hit = min(num_slots, pairs)
+    if pairs / hit <= 12:
+        gu_bn = 128 if hit * (inter // 128) >= num_sms else 64
+        split = 1
+        while hit * (hidden // 128) * split < 2 * num_sms and split < 4 and \
+                (inter // FP8_GROUP) % (2 * split) == 0:
+            split *= 2
+        return ExpertsConfig(
+            block_m=16,
+            gate_up=GateUpConfig(block_n=gu_bn, block_k=FP8_GROUP, num_warps=4, num_stages=4),
+            down=DownConfig(block_n=128, block_k=FP8_GROUP, split_k=split, num_warps=4,
+                            num_stages=3),
+            combine="atomic")
+    return ExpertsConfig(
+        block_m=64,
+        gate_up=GateUpConfig(block_n=128, block_k=FP8_GROUP, group_m=8, num_warps=8, num_stages=3),
+        down=DownConfig(block_n=128, block_k=FP8_GROUP, group_m=8, num_warps=4, num_stages=3),
+        combine="reduce")
+
+
 def fit_to_dtype(cfg: ExpertsConfig, dtype: torch.dtype) -> ExpertsConfig:
     """Shrink a (bf16-tuned) config until its pipelines fit shared memory for ``dtype``.
 
     fp32 tiles take twice the bytes: lower ``num_stages`` (to 2), then ``block_k`` (to 32).
     """
+    if dtype == torch.float8_e4m3fn:  # fp8 tiles are sized by registers (fp8_default_config)
+        return cfg
     elt = torch.empty((), dtype=dtype).element_size()
     gu, dn = cfg.gate_up, cfg.down
     while gu.smem_bytes(cfg.block_m, elt) > SMEM_LIMIT:
@@ -305,7 +349,9 @@ class ConfigTable:
     def lookup(self, num_slots: int, inter: int, hidden: int, num_tokens: int, top_k: int,
                dtype: torch.dtype) -> ConfigChoice:
         """The configuration for a call with ``num_tokens`` rows on ``num_slots`` local slots
-        (``w13 [num_slots, 2*inter, hidden]``), ``top_k`` ids per row, ``dtype`` inputs.
+        (``w13 [num_slots, 2*inter, hidden]``), ``top_k`` ids per row, ``dtype`` inputs
+        (``torch.float8_e4m3fn``: the fp8 block-scaled kernels, whose heuristic is
+        :func:`fp8_default_config`).
 
         Keyed by ``(num_slots, inter, hidden, dtype, device)``: the file
         ``config_file_name(...)`` of exactly that key, else the heuristic (logged once per key
@@ -330,9 +376,10 @@ class ConfigTable:
                 name = config_file_name(num_slots, inter, hidden, dtype, self.device_name)
                 where = ("the shipped configs" if Path(self.config_dir) == CONFIG_DIR
                          else self.config_dir)
+                heuristic = fp8_default_config if dtype == torch.float8_e4m3fn \
+                    else default_config
                 choice = ConfigChoice(
-                    config=fit_to_dtype(default_config(num_slots, inter, hidden, b, top_k),
-                                        dtype),
+                    config=fit_to_dtype(heuristic(num_slots, inter, hidden, b, top_k), dtype),
                     source="heuristic", bucket=b,
                     detail=f"no {name} in {where}; `moerun tune` writes it")
                 once = (num_slots, inter, hidden, dtype)

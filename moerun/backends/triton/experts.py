@@ -140,9 +140,11 @@ class TritonExperts(Backend):
         own table instead). Reads the shipped JSON files once per shape."""
         from moerun.backends.triton.configs import ConfigTable
 
+        dtype = torch.float8_e4m3fn if getattr(problem, "quant", None) is not None \
+            else problem.dtype
         return ConfigTable(device_name=env.device_name).report_lines(
             deployment.num_local_slots, problem.intermediate_size, problem.hidden_size,
-            problem.top_k, problem.dtype)
+            problem.top_k, dtype)
 
     def quantize_rows(self, x, config):
         """One Triton launch (``fp8.quantize_rows_fp8``) for 128-column groups; the torch
@@ -156,10 +158,17 @@ class TritonExperts(Backend):
 
     def fp8_config_for(self, num_slots: int, inter: int, hidden: int, num_tokens: int,
                        top_k: int):
-        """The fp8 :class:`ExpertsConfig` a call with these sizes uses (host-only)."""
-        from moerun.backends.triton.fp8 import fp8_default_config
+        """The fp8 :class:`ExpertsConfig` a call with these sizes uses (host-only lookup:
+        the tuned ``S{S}_N{I}_K{H}_float8_e4m3fn_{device}.json``, else the fp8 heuristic)."""
+        return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k,
+                                    torch.float8_e4m3fn).config
 
-        return fp8_default_config(num_slots, inter, hidden, num_tokens, top_k)
+    def fp8_config_source(self, num_slots: int, inter: int, hidden: int, num_tokens: int,
+                          top_k: int) -> str:
+        """Where :meth:`fp8_config_for`'s config comes from (``"tuned (<file>)"`` or
+        ``"heuristic"``)."""
+        return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k,
+                                    torch.float8_e4m3fn).source
 
     def _run_fp8(self, x, w13, w2, topk_weights, topk_ids, shared, quant):
         from moerun.backends.triton.fp8 import run_experts_fp8

@@ -32,15 +32,13 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
 from moerun.backends.triton.align import Alignment
-from moerun.backends.triton.configs import (NUM_SMS_DEFAULT, DownConfig, ExpertsConfig,
-                                            GateUpConfig)
+from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
 from moerun.backends.triton.gate_up import grouped_pid
 from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
 
 patch_interpreter()
 
-__all__ = ["GROUP", "quantize_rows_fp8", "gate_up_fp8", "down_fp8", "fp8_default_config",
-           "run_experts_fp8"]
+__all__ = ["GROUP", "quantize_rows_fp8", "gate_up_fp8", "down_fp8", "run_experts_fp8"]
 
 #: The quantization group and the K tile of both GEMMs.
 GROUP = 128
@@ -217,42 +215,6 @@ _DOWN = FastLauncher(_down_fp8_kernel)
 
 
 # ---------------------------------------------------------------- configs
-def fp8_default_config(num_slots: int, inter: int, hidden: int, num_tokens: int,
-                       top_k: int, num_sms: int = NUM_SMS_DEFAULT) -> ExpertsConfig:
-    """Heuristic fp8 config for a shape no tuned fp8 file covers (pure host arithmetic).
-
-    From the H200 sweeps of 2026-12-01 (``benchmarks/fp8_sweep.py``, raw in
-    ``benchmarks/fp8-sweep-h200-2026-12-01-run*.json``): a scaled fp8 K step keeps the
-    accumulator *and* the step's dot result in registers, so tiles are sized to
-    ``accumulators * 2 * BM * BN / threads <= 128`` (128 x 128 two-accumulator tiles spilled
-    and ran 5-10x slow).
-
-    * memory-bound (<= 12 rows per hit expert): ``block_m`` 16, gate/up 64 or 128 columns,
-      down 128 columns with split-K until the programs cover the SMs twice, atomic combine;
-    * otherwise ``block_m`` 64, gate/up 128 columns x 8 warps (its epilogue writes the
-      intermediate in fp8), down 128 columns x 4 warps, reduce combine.
-    """
-    pairs = max(1, num_tokens * top_k)
-    hit = min(num_slots, pairs)
-    if pairs / hit <= 12:
-        gu_bn = 128 if hit * (inter // 128) >= num_sms else 64
-        split = 1
-        while hit * (hidden // 128) * split < 2 * num_sms and split < 4 and \
-                (inter // GROUP) % (2 * split) == 0:
-            split *= 2
-        return ExpertsConfig(
-            block_m=16,
-            gate_up=GateUpConfig(block_n=gu_bn, block_k=GROUP, num_warps=4, num_stages=4),
-            down=DownConfig(block_n=128, block_k=GROUP, split_k=split, num_warps=4,
-                            num_stages=3),
-            combine="atomic")
-    return ExpertsConfig(
-        block_m=64,
-        gate_up=GateUpConfig(block_n=128, block_k=GROUP, group_m=8, num_warps=8, num_stages=3),
-        down=DownConfig(block_n=128, block_k=GROUP, group_m=8, num_warps=4, num_stages=3),
-        combine="reduce")
-
-
 def _check_groups(name: str, size: int) -> None:
     if size % GROUP:
         raise ValueError(f"{name}={size} must be a multiple of {GROUP} for the fp8 kernels")
@@ -428,7 +390,7 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     """``out[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` with the fp8 GEMMs.
 
     ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights [M, K]`` fp32
-    contiguous, ``cfg`` an fp8 config (e.g. :func:`fp8_default_config`). Returns ``[M, H]`` in
+    contiguous, ``cfg`` an fp8 config (``configs.fp8_default_config`` or a tuned fp8 file). Returns ``[M, H]`` in
     ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum), plus the activation
     quantization for an unquantized ``x`` when ``cfg.block_m >= PREQUANT_BLOCK_M``; no
     host sync.
