@@ -42,6 +42,7 @@ from moerun.backends.triton.experts import TritonExperts
 from moerun.backends.triton.fp8 import (GROUP, PREQUANT_BLOCK_M, down_fp8, gate_up_fp8,
                                         quantize_rows_fp8, run_experts_fp8)
 from moerun.bench.ceilings import measure_ceilings
+from moerun.bench.fp8 import fp8_weights, measure_fp8_rate
 from moerun.bench.matrix import draw_routing
 from moerun.bench.shapes import SHAPES, BenchShape, parse_tokens
 from moerun.bench.timing import time_graph_replay, time_samples
@@ -51,47 +52,6 @@ DEV = torch.device("cuda")
 ACT = torch.bfloat16  # the activation dtype (fp16 in a CPU smoke run: bf16 is wrong there)
 #: A CPU smoke shape (run with TRITON_INTERPRET=1 --device cpu --shapes smoke).
 SMOKE = BenchShape(name="smoke", num_experts=4, top_k=2, hidden=128, intermediate=128)
-
-
-def fp8_peak(size: int = 8192, repeats: int = 10) -> dict:
-    a = torch.randn(size, size, device=DEV).to(FP8_DTYPE)
-    b = torch.randn(size, size, device=DEV).to(FP8_DTYPE).t()
-    one = torch.ones((), device=DEV)
-    out = {}
-    for fast in (False, True):
-        s = statistics.median(time_samples(
-            lambda _: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                       use_fast_accum=fast), DEV, repeats, warmup=3))
-        out["fast" if fast else "plain"] = 2.0 * size ** 3 / s
-    del a, b
-    torch.cuda.empty_cache()
-    return out
-
-
-def random_fp8(shape, gen) -> torch.Tensor:
-    """Random finite e4m3 codes (magnitudes up to 448; the NaN codes 0x7f/0xff excluded)."""
-    codes = torch.randint(0, 254, shape, generator=gen, device=DEV, dtype=torch.uint8)
-    codes = torch.where(codes >= 127, codes + 1, codes)  # skip 0x7f; 0xff never drawn
-    return codes.view(FP8_DTYPE)
-
-
-def make_weights(shape, gen):
-    e, h, i = shape.num_experts, shape.hidden, shape.intermediate
-    w13 = random_fp8((e, 2 * i, h), gen)
-    w2 = random_fp8((e, h, i), gen)
-    # scales so that the dequantized weights have std ~ H^-0.5 / I^-0.5 (codes std ~ 100)
-    s13 = (torch.rand(e, 2 * i // GROUP, h // GROUP, generator=gen, device=DEV) + 0.5) \
-        * (h ** -0.5 / 100)
-    s2 = (torch.rand(e, h // GROUP, i // GROUP, generator=gen, device=DEV) + 0.5) \
-        * (i ** -0.5 / 100)
-    b13 = torch.empty(e, 2 * i, h, device=DEV, dtype=ACT)
-    b2 = torch.empty(e, h, i, device=DEV, dtype=ACT)
-    for x in range(e):  # dequantize one expert at a time (no fp32 copy of the whole layer)
-        b13[x] = (w13[x].float() * s13[x].repeat_interleave(GROUP, 0)
-                  .repeat_interleave(GROUP, 1)).to(ACT)
-        b2[x] = (w2[x].float() * s2[x].repeat_interleave(GROUP, 0)
-                 .repeat_interleave(GROUP, 1)).to(ACT)
-    return w13, w2, s13, s2, b13, b2
 
 
 def regime(shape, t):
@@ -172,7 +132,7 @@ def main() -> None:
     cpu = DEV.type == "cpu"
     ceil = measure_ceilings(DEV, read_bytes=(1 << 20) if cpu else (2 << 30),
                             matmul_size=256 if cpu else 8192, matmul_dtype=torch.bfloat16)
-    peaks = {"plain": ceil.flops, "fast": ceil.flops} if cpu else fp8_peak()
+    peaks = {"plain": ceil.flops, "fast": ceil.flops} if cpu else measure_fp8_rate(DEV)
     fp8_rate = max(peaks.values())
     print(f"ceilings: {ceil.describe()}; fp8 plain {peaks['plain'] / 1e12:.1f} fast "
           f"{peaks['fast'] / 1e12:.1f} TFLOP/s", flush=True)
@@ -189,7 +149,7 @@ def main() -> None:
             print(f"budget spent; skipping {name}", flush=True)
             continue
         gen = torch.Generator(device=DEV).manual_seed(0)
-        w13, w2, s13, s2, b13, b2 = make_weights(shape, gen)
+        w13, w2, s13, s2, b13, b2 = fp8_weights(shape, DEV, gen, ACT)
         h, i, e, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
         for t in tokens:
             if time.time() - t_start > args.budget_s:

@@ -230,6 +230,16 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
     return status
 
 
+def device_of(flag: str) -> str:
+    """``--device``: ``"auto"`` -> ``"cuda"`` when available, else ``"cpu"``; ``"cuda"``
+    without a GPU is a ValueError naming the flag."""
+    if flag == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if flag == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return flag
+
+
 def _run_matrix(args: argparse.Namespace, out, err) -> int:
     from moerun.bench.analysis import analyze_cell
     from moerun.bench.ceilings import measure_run_ceilings, parse_ceilings
@@ -240,11 +250,7 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
     from moerun.env import get_env
 
     try:
-        device_name = args.device
-        if device_name == "auto":
-            device_name = "cuda" if torch.cuda.is_available() else "cpu"
-        if device_name == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available")
+        device_name = device_of(args.device)
         if args.shapes is None and device_name == "cpu":
             # NOTE: the model shapes' weights (deepseek-v3 bf16: 22.5 GB) exhaust a CPU host
             args.shapes = "tiny"

@@ -36,7 +36,8 @@ from moerun.bench.inputs import draw_routing
 from moerun.bench.shapes import BenchShape
 from moerun.bench.timing import time_graph_replay, time_samples
 
-__all__ = ["Fp8Cell", "fp8_floor_us", "measure_fp8_rate", "run_fp8_matrix", "CPU_SHAPE"]
+__all__ = ["Fp8Cell", "fp8_floor_us", "fp8_weights", "measure_fp8_rate", "run_fp8_matrix",
+           "CPU_SHAPE"]
 
 #: The CPU default (H and I multiples of 128, as the fp8 blocks need).
 CPU_SHAPE = "8:2:128:128"
@@ -101,7 +102,7 @@ def measure_fp8_rate(device: torch.device, size: int = 8192, repeats: int = 10) 
     return out
 
 
-def _fp8_weights(shape: BenchShape, device: torch.device, gen: torch.Generator,
+def fp8_weights(shape: BenchShape, device: torch.device, gen: torch.Generator,
                  act_dtype: torch.dtype):
     """Random finite e4m3 codes, positive block scales giving the dequantized weights a std
     of about ``H^-0.5`` / ``I^-0.5``, and the dequantized weights in ``act_dtype`` (built one
@@ -142,7 +143,7 @@ def run_fp8_matrix(shapes: list[BenchShape], tokens: list[int] | None, *, device
     cells = []
     for shape in shapes:
         gen = torch.Generator(device=device).manual_seed(seed)
-        w13, w2, s13, s2, d13, d2 = _fp8_weights(shape, device, gen, act_dtype)
+        w13, w2, s13, s2, d13, d2 = fp8_weights(shape, device, gen, act_dtype)
         eq = ExpertQuant(config=qc, w13_scale=s13, w2_scale=s2, out_dtype=act_dtype)
         e, k, h = shape.num_experts, shape.top_k, shape.hidden
         for t in (tokens or shape.tokens):
@@ -235,13 +236,10 @@ def run(args, out, err) -> int:
     from moerun.bench.shapes import parse_shapes, parse_tokens
     from moerun.env import get_env
 
+    from moerun.bench.command import device_of
+
     try:
-        device_name = args.device
-        if device_name == "auto":
-            device_name = "cuda" if torch.cuda.is_available() else "cpu"
-        if device_name == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available")
-        device = torch.device(device_name)
+        device = torch.device(device_of(args.device))
         if args.shapes is None:
             args.shapes = ("mixtral8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3"
                            if device.type == "cuda" else CPU_SHAPE)
