@@ -31,6 +31,7 @@ from moerun.resolve import resolve
 H200 = "NVIDIA H200"
 DSV3_FILE = "S256_N2048_K7168_bfloat16_NVIDIA_H200.json"
 EP8_FILE = "S32_N2048_K7168_bfloat16_NVIDIA_H200.json"
+EP16_FILE = "S16_N2048_K7168_bfloat16_NVIDIA_H200.json"  # DeepSeek-V3 under EP16: not shipped
 BF16 = torch.bfloat16
 # Two configs unlike the heuristic's for the EP-local shape, small enough that fitting to
 # shared memory leaves them unchanged (bf16: 4 * (64*64 + 2*64*64) * 2 B = 96 KiB).
@@ -64,18 +65,21 @@ def _write_ep8_file(folder, winners, command="moerun tune --shapes deepseek-v3-e
 
 # ---------------------------------------------------------------- the lookup and its source
 
-def test_single_rank_shape_is_tuned_and_ep_local_shape_is_heuristic():
+def test_single_rank_and_ep8_shapes_are_tuned_and_an_untuned_ep16_shape_is_heuristic():
     table = ConfigTable(device_name=H200)
     one_rank = table.lookup(256, 2048, 7168, 16, 8, BF16)
     assert one_rank.source == f"tuned ({DSV3_FILE})" and one_rank.tuned
     assert one_rank.entry_bucket == 16
     _, entries = load_config_file(table.config_dir + "/" + DSV3_FILE)
     assert one_rank.config == fit_to_dtype(entries[16], BF16)
-    # DeepSeek-V3 under EP8: the kernels run 32 local slots; the 256-slot file does not apply
-    ep8 = table.lookup(32, 2048, 7168, 16, 8, BF16)
-    assert ep8.source == "heuristic" and not ep8.tuned and ep8.entry_bucket is None
-    assert ep8.config == fit_to_dtype(default_config(32, 2048, 7168, 16, 8), BF16)
-    assert EP8_FILE in ep8.detail and "moerun tune" in ep8.detail
+    # DeepSeek-V3 under EP8: the kernels run 32 local slots, the shipped EP8 file applies
+    ep8 = table.lookup(32, 2048, 7168, 2048, 4, BF16)
+    assert ep8.source == f"tuned ({EP8_FILE})" and ep8.tuned
+    # under EP16 (16 local slots) no file exists: neither the 256- nor the 32-slot file applies
+    ep16 = table.lookup(16, 2048, 7168, 16, 8, BF16)
+    assert ep16.source == "heuristic" and not ep16.tuned and ep16.entry_bucket is None
+    assert ep16.config == fit_to_dtype(default_config(16, 2048, 7168, 16, 8), BF16)
+    assert EP16_FILE in ep16.detail and "moerun tune" in ep16.detail
 
 
 @pytest.mark.parametrize("dtype, device", [(torch.float16, H200), (BF16, "NVIDIA H100"),
@@ -95,10 +99,10 @@ def test_heuristic_is_logged_once_per_key(caplog):
     table = ConfigTable(device_name=H200)
     with caplog.at_level(logging.INFO, logger="moerun"):
         for t in (1, 16, 1024, 8192):
-            table.lookup(32, 2048, 7168, t, 8, BF16)
+            table.lookup(16, 2048, 7168, t, 8, BF16)
         table.lookup(256, 2048, 7168, 16, 8, BF16)  # tuned: nothing to log
     msgs = [r.getMessage() for r in caplog.records if "heuristic" in r.getMessage()]
-    assert len(msgs) == 1 and "S=32 N=2048 K=7168 bfloat16" in msgs[0]
+    assert len(msgs) == 1 and "S=16 N=2048 K=7168 bfloat16" in msgs[0]
 
 
 def test_report_lines_per_bucket():
@@ -117,12 +121,12 @@ def test_report_lines_per_bucket():
 
 def test_resolution_report_states_the_source_of_the_local_shape():
     env = _env()
-    ep8 = resolve(_dsv3_problem(), Deployment(rank=3, world_size=8, comm_backend="nccl",
-                                              num_local_slots=32, divisible=True),
-                  env, backend="triton", comm="allgather")
-    text = str(ep8)
-    assert ("  kernel configs:      S_local=32 N=I=2048 K=H=7168 bfloat16 on NVIDIA H200:\n"
-            f"    T 1-16384: heuristic (no {EP8_FILE}") in text
+    ep16 = resolve(_dsv3_problem(), Deployment(rank=3, world_size=16, comm_backend="nccl",
+                                               num_local_slots=16, divisible=True),
+                   env, backend="triton", comm="allgather")
+    text = str(ep16)
+    assert ("  kernel configs:      S_local=16 N=I=2048 K=H=7168 bfloat16 on NVIDIA H200:\n"
+            f"    T 1-16384: heuristic (no {EP16_FILE}") in text
     one = resolve(_dsv3_problem(), Deployment(rank=0, world_size=1, comm_backend="none",
                                               num_local_slots=256, divisible=True),
                   env, backend="triton")

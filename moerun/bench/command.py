@@ -20,6 +20,8 @@ import sys
 
 import torch
 
+from moerun.bench.device import device_of
+
 __all__ = ["add_arguments", "run", "main"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "fp8")
@@ -228,16 +230,6 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
             f.write("\n")
         print(f"wrote {args.write_selection}", file=out)
     return status
-
-
-def device_of(flag: str) -> str:
-    """``--device``: ``"auto"`` -> ``"cuda"`` when available, else ``"cpu"``; ``"cuda"``
-    without a GPU is a ValueError naming the flag."""
-    if flag == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if flag == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    return flag
 
 
 def _run_matrix(args: argparse.Namespace, out, err) -> int:

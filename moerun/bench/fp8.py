@@ -236,7 +236,7 @@ def run(args, out, err) -> int:
     from moerun.bench.shapes import parse_shapes, parse_tokens
     from moerun.env import get_env
 
-    from moerun.bench.command import device_of
+    from moerun.bench.device import device_of
 
     try:
         device = torch.device(device_of(args.device))
