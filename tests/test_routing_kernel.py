@@ -19,12 +19,11 @@ Smallest cases first: T=0, T=1, then odd T, T larger than one program's rows, to
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.interp_worker import run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 # name, method, E, K, groups, topk_group, renormalize, scale
@@ -87,15 +86,7 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
 # ---------------------------------------------------------------- the tests (pytest side)
 @pytest.fixture(scope="module")
 def report() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = {}
-    for line in proc.stdout.splitlines():
-        rec = json.loads(line)
-        out[rec["name"]] = rec
-    return out
+    return {rec["name"]: rec for rec in run_worker(__file__, timeout=600)}
 
 
 def _names() -> list[str]:

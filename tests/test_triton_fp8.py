@@ -11,13 +11,12 @@ inputs).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.interp_worker import rows_of, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,20 +162,10 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
 
 @pytest.fixture(scope="module")
 def report():
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                          timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert rows, proc.stdout[-2000:]
-    return rows
+    return run_worker(__file__, timeout=240)
 
 
-def _rows(report, kind):
-    rows = [r for r in report if r["kind"] == kind]
-    assert rows, f"no {kind} rows"
-    return rows
+_rows = rows_of
 
 
 def test_quantize_kernel_equals_torch_definition(report):
