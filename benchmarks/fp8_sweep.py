@@ -41,12 +41,12 @@ from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConf
 from moerun.backends.triton.experts import TritonExperts
 from moerun.backends.triton.fp8 import (GROUP, PREQUANT_BLOCK_M, down_fp8, gate_up_fp8,
                                         quantize_rows_fp8, run_experts_fp8)
-from moerun.bench.ceilings import measure_ceilings
-from moerun.bench.fp8 import fp8_weights, measure_fp8_rate
+from moerun.bench.ceilings import floor_for, measure_ceilings
+from moerun.bench.fp8 import fp8_floor_us, fp8_weights, measure_fp8_rate
 from moerun.bench.matrix import draw_routing
 from moerun.bench.shapes import SHAPES, BenchShape, parse_tokens
 from moerun.bench.timing import time_graph_replay, time_samples
-from moerun.quant import FP8_DTYPE, QuantConfig, reference_fp8_moe
+from moerun.quant import QuantConfig, reference_fp8_moe
 
 DEV = torch.device("cuda")
 ACT = torch.bfloat16  # the activation dtype (fp16 in a CPU smoke run: bf16 is wrong there)
@@ -162,12 +162,8 @@ def main() -> None:
             hit = sum(hits) / len(hits)
             use_graph = t <= 1024 and not cpu
             n = len(routings)
-            flops = 2.0 * t * k * 3 * h * i
-            scale_bytes = hit * (2 * i * h + h * i) / GROUP ** 2 * 4
-            floor8 = max(flops / fp8_rate, (hit * 3 * h * i + scale_bytes + 4.0 * t * h)
-                         / ceil.bandwidth) * 1e6
-            floor16 = max(flops / ceil.flops, (hit * 3 * h * i * 2 + 4.0 * t * h)
-                          / ceil.bandwidth) * 1e6
+            floor8 = fp8_floor_us(shape, t, hit, ceil, fp8_rate)
+            floor16 = floor_for(shape, t, hit, 2, ceil).us
             cell = {"shape": name, "T": t, "experts_hit": hit, "floor_fp8_us": floor8,
                     "floor_bf16_us": floor16, "candidates": []}
             best = None

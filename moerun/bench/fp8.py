@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from moerun.bench.ceilings import Ceilings
+from moerun.bench.ceilings import Ceilings, floor_for
 from moerun.bench.inputs import draw_routing
 from moerun.bench.shapes import BenchShape
 from moerun.bench.timing import time_graph_replay, time_samples
@@ -182,9 +182,7 @@ def run_fp8_matrix(shapes: list[BenchShape], tokens: list[int] | None, *, device
             source = ""
             if hasattr(backend, "fp8_config_source"):
                 source = backend.fp8_config_source(e, shape.intermediate, h, t, k)
-            floor16 = max(2.0 * t * k * 3 * h * shape.intermediate / ceilings.flops,
-                          (hit * 3 * h * shape.intermediate * 2 + 4.0 * t * h)
-                          / ceilings.bandwidth) * 1e6
+            floor16 = floor_for(shape, t, hit, 2, ceilings).us  # the bf16 matrix's floor
             cell = Fp8Cell(shape=shape.name, tokens=t, num_experts=e, top_k=k, hidden=h,
                            intermediate=shape.intermediate, experts_hit=hit,
                            floor_fp8_us=fp8_floor_us(shape, t, hit, ceilings, fp8_rate),
