@@ -5,7 +5,7 @@ one moerun NVTX range, of a Triton launch through ``kernel[grid]`` and through m
 ``FastLauncher``; then a cProfile of ``ConfigurableMoE.forward`` at T=1 for the two
 ``moerun bench --layer`` shapes (top functions by own time). Usage (GPU):
 
-    python benchmarks/host_probe.py [--forwards 300]
+    python benchmarks/host_probe.py [--forwards 300] [--tokens 1,1024] [--shared-orders fused]
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def _per_call_us(fn, n: int = 2000) -> float:
 
 
 def primitives() -> None:
-    from moerun.routing.kernel import _LAUNCH, _route_kernel, block_rows, kernel_spec
     from moerun.config import RoutingConfig
+    from moerun.routing.kernel import _LAUNCH, _route_kernel, block_rows, kernel_spec
     from traces import Tracer
 
     a = torch.randn(8, 8, device="cuda")
@@ -64,7 +64,8 @@ def primitives() -> None:
           f"{_per_call_us(lambda: bool(torch.isfinite(lg).all()), n=500):7.2f} us")
 
 
-def profile_forward(name: str, forwards: int) -> None:
+def profile_forward(name: str, forwards: int, tokens: int = 1, order: str | None = None,
+                    top: int = 45) -> None:
     from moerun.bench.layer import LAYER_SHAPES
     from moerun.config import MoEConfig
     from moerun.layer import ConfigurableMoE
@@ -73,7 +74,8 @@ def profile_forward(name: str, forwards: int) -> None:
     cfg = MoEConfig(num_experts=s.experts, top_k=s.top_k, hidden_size=s.hidden,
                     intermediate_size=s.intermediate, routing=s.routing, dtype=torch.bfloat16,
                     shared_intermediate_size=s.shared, check_inputs=False)
-    with torch.no_grad(), ConfigurableMoE(cfg, device="cuda", layer_idx=0) as layer:
+    kw = {} if order is None or not s.shared else {"shared_expert_order": order}
+    with torch.no_grad(), ConfigurableMoE(cfg, device="cuda", layer_idx=0, **kw) as layer:
         e, h, i = s.experts, s.hidden, s.intermediate
         w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16) * h ** -0.5
         w2 = torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16) * i ** -0.5
@@ -84,9 +86,10 @@ def profile_forward(name: str, forwards: int) -> None:
         bias = torch.randn(e, device="cuda") if s.routing.uses_correction_bias else None
         layer.load_weights(w13, w2, shared, e_score_correction_bias=bias)
         del w13, w2
-        x = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
-        logits = torch.randn(1, e, device="cuda")
-        print(f"\n== {name}: {layer.report.backend} / router {layer.report.router}")
+        x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
+        logits = torch.randn(tokens, e, device="cuda")
+        print(f"\n== {name} T={tokens}: {layer.report.backend} / router {layer.report.router}"
+              f" / shared {layer.report.shared_schedule}")
         for _ in range(20):
             layer(x, logits)
         torch.cuda.synchronize()
@@ -96,7 +99,8 @@ def profile_forward(name: str, forwards: int) -> None:
             t0 = time.perf_counter()
             layer(x, logits)
             host.append((time.perf_counter() - t0) * 1e6)
-        print(f"host us per forward (T=1, median of {forwards}): {statistics.median(host):.1f}")
+        print(f"host us per forward (T={tokens}, median of {forwards}): "
+              f"{statistics.median(host):.1f}")
         prof = cProfile.Profile()
         torch.cuda.synchronize()
         prof.enable()
@@ -105,7 +109,7 @@ def profile_forward(name: str, forwards: int) -> None:
         prof.disable()
         torch.cuda.synchronize()
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(45)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
         print(buf.getvalue())
         _launch_paths()
 
@@ -120,7 +124,7 @@ def _launch_paths() -> None:
     for name, launcher in (("route", rk._LAUNCH), ("align.single", al._LAUNCH_SINGLE),
                            ("align.grid", al._LAUNCH_GRID), ("gate_up", gu._LAUNCH),
                            ("down", dn._LAUNCH)):
-        for key, (compiled, direct, _, _) in launcher._cache.items():
+        for (compiled, direct, _, _) in launcher._cache.values():
             run = compiled.run
             print(f"  launch {name}: direct={direct is not None} global_scratch="
                   f"{getattr(run, 'global_scratch_size', '?')} profile_scratch="
@@ -131,10 +135,18 @@ def _launch_paths() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--forwards", type=int, default=300)
+    parser.add_argument("--tokens", default="1", help="comma list of T (default 1)")
+    parser.add_argument("--shared-orders", default="",
+                        help="comma list of shared-expert orders to profile for deepseek-v3 "
+                             "as well as its resolved one (default: none)")
+    parser.add_argument("--top", type=int, default=45, help="profile rows printed (default 45)")
     args = parser.parse_args()
     primitives()
-    for name in ("qwen3-30b-a3b", "deepseek-v3"):
-        profile_forward(name, args.forwards)
+    for t in (int(v) for v in args.tokens.split(",")):
+        for name in ("qwen3-30b-a3b", "deepseek-v3"):
+            profile_forward(name, args.forwards, t, top=args.top)
+        for order in filter(None, args.shared_orders.split(",")):
+            profile_forward("deepseek-v3", args.forwards, t, order, top=args.top)
 
 
 if __name__ == "__main__":
