@@ -1,6 +1,6 @@
 """``ExternalCommScheduler``: the host issues dispatch and combine (DESIGN 4.1).
 
-    counts + agreed checks -> plan (zero-token fix, chunks) -> comm method -> [aux shared]
+    counts + agreed checks -> [one rank, nothing to order: schedulers.one_rank] -> plan (zero-token fix, chunks) -> comm method -> [aux shared]
     -> per chunk: [start_wait] route [done_wait] statistic eplb.route [quantize] dispatch |
     [quantize] experts [start_set] combine | [shared during combine |] combine.wait
     [done_set] -> strip padding, shared expert, return
@@ -37,6 +37,7 @@ from typing import Any, Generator, Sequence
 import torch
 
 from moerun.comm import AllGatherReduceScatter, CollectiveCursor
+from schedulers import one_rank
 from schedulers import shared as shared_expert
 from schedulers.context import ForwardContext, LayerView, ReadyInput
 from schedulers.plan import ForwardPlan, plan_forward
@@ -75,8 +76,13 @@ class ExternalCommScheduler:
         dispatch and combine per chunk); host syncs for validation and count gathering; may
         replace the layer's strategy permanently (fallback).
         """
-        ctx = self.begin(layer, x, router_logits, all_rank_num_tokens=all_rank_num_tokens,
-                         use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
+        cursor = CollectiveCursor(step=layer.step)
+        counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
+                                   use_dp_padding=use_dp_padding)
+        if one_rank.applies(layer, counts[0]):  # the host-lean path, same result
+            return one_rank.forward(layer, x, router_logits, input_ready_event)
+        ctx = self.planned(layer, x, router_logits, counts, cursor,
+                           use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
         return drive(self.steps(layer, ctx))
 
     # -- entry -----------------------------------------------------------------------------
@@ -89,6 +95,13 @@ class ExternalCommScheduler:
         cursor = CollectiveCursor(step=layer.step)
         counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
                                    use_dp_padding=use_dp_padding)
+        return self.planned(layer, x, router_logits, counts, cursor,
+                            use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
+
+    def planned(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor,
+                counts: tuple[int, ...], cursor: CollectiveCursor, *, use_dp_padding: bool,
+                input_ready_event: Any) -> ForwardContext:
+        """Steps 2-4 and the context, from agreed ``counts``. No collective, no host sync."""
         plan = plan_forward(counts, rank=layer.mapping.rank, use_dp_padding=use_dp_padding,
                             max_num_tokens=layer.config.max_num_tokens)
         strategy = self.determine_communication_method(layer, plan)

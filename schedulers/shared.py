@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from moerun.backends.base import FusedShared
 from moerun.shared_expert import SharedExpertOrder
 
-__all__ = ["start", "during_combine", "fuse", "finish"]
+__all__ = ["start", "during_combine", "fuse", "fused_slots", "finish"]
 
 _SEQ, _AUX = SharedExpertOrder.SEQUENTIAL, SharedExpertOrder.AUX_STREAM
 _DURING, _FUSED = SharedExpertOrder.DURING_COMBINE, SharedExpertOrder.FUSED
@@ -84,14 +84,23 @@ def fuse(layer: Any, ctx: Any, c: int, dispatched: Any
     otherwise. Device ops only, no host sync."""
     if ctx.shared is None or ctx.shared.order is not _FUSED:
         return dispatched.topk_ids, dispatched.topk_weights, None
-    se = layer.shared_expert
-    ids, weights, x = dispatched.topk_ids, dispatched.topk_weights, dispatched.x
-    rows, dev = x.shape[0], x.device
-    num_local = layer.w13.shape[0]
-    n = se.intermediate_size // layer.config.intermediate_size
     lo, hi = ctx.strategy.own_rows(dispatched)
     c_lo, c_hi = ctx.plan.bounds[c]
     hi = lo + max(0, min(c_hi, ctx.plan.num_tokens) - c_lo)  # padded rows visit nothing
+    return fused_slots(layer, dispatched.x, dispatched.topk_ids, dispatched.topk_weights,
+                       lo, hi)
+
+
+def fused_slots(layer: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, FusedShared]:
+    """``FUSED``'s routing of ``M`` rows ``x [M, H]``: ``ids [M, K]`` int32 and ``weights
+    [M, K]`` fp32 with the shared slots ``S..S+n-1`` appended on rows ``lo:hi`` (weight 1 or
+    ``sigmoid(x g^T)``), ``-1`` / 0 on the others; and the :class:`FusedShared` the kernels
+    read. Device ops only, no host sync."""
+    se = layer.shared_expert
+    rows, dev = x.shape[0], x.device
+    num_local = layer.w13.shape[0]
+    n = se.intermediate_size // layer.config.intermediate_size
     slots = torch.arange(num_local, num_local + n, dtype=torch.int32, device=dev)
     if se.gate is None:
         gate = torch.ones((rows, 1), dtype=torch.float32, device=dev)
@@ -116,7 +125,7 @@ def finish(layer: Any, ctx: Any, out: torch.Tensor) -> torch.Tensor:
         return out
     if regime.order is _SEQ:
         with ctx.tracer.phase("shared"):
-            return layer.shared_expert.add_to(out, ctx.input.raw)
+            return layer.backend.shared_mlp_add(layer.shared_expert, ctx.input.raw, out)
     side = ctx.shared_stream
     if side is not None:  # join before the final add
         main = torch.cuda.current_stream()

@@ -19,7 +19,7 @@ the optional ``nvtx`` package is imported on first range and matplotlib on the f
 """
 
 from traces.capture import CaptureResult, capture
-from traces.nvtx import NVTX_DOMAIN, Tracer, nvtx_backend, range_name
+from traces.nvtx import NVTX_DOMAIN, Tracer, nvtx_backend, range_name, ranges_silent
 from traces.overhead import measure_range_overhead
 from traces.overlap import overlap
 from traces.recorder import (
@@ -36,6 +36,7 @@ __all__ = [
     "Tracer",
     "range_name",
     "nvtx_backend",
+    "ranges_silent",
     "NVTX_DOMAIN",
     "ScheduleEvent",
     "ScheduleRecorder",

@@ -71,7 +71,8 @@ from traces._backends import (
 )
 from traces.recorder import STREAMS, ScheduleEvent, ScheduleRecorder
 
-__all__ = ["Tracer", "range_name", "nvtx_backend", "nvtx_tool_attached", "NVTX_DOMAIN"]
+__all__ = ["Tracer", "range_name", "nvtx_backend", "nvtx_tool_attached", "ranges_silent",
+           "NVTX_DOMAIN"]
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,14 @@ def nvtx_backend() -> str:
     Thread-safe.
     """
     return _get_backend().name
+
+
+def ranges_silent(recorder: Any = None) -> bool:
+    """True when a range entered now would be seen by nobody: no ``recorder``, no NVTX
+    backend (no tool attached) and no active torch profiler. A caller may then skip its
+    ranges altogether (the one-rank forward path does). ~0.1 µs; no host sync; thread-safe.
+    """
+    return recorder is None and not _get_backend().enabled and not _profiler_enabled()
 
 
 # ----------------------------------------------------------------------------------------------

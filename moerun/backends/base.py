@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -127,6 +127,15 @@ class Backend(abc.ABC):
         scale :data:`moerun.quant.ZERO_ROW_SCALE`.
         """
         return quantize_rows(x, config.act_group)
+
+    def shared_mlp_add(self, shared_expert: Any, x: torch.Tensor,
+                       routed: torch.Tensor) -> torch.Tensor:
+        """``shared_expert(x) + routed`` for ``x``, ``routed [T, H]`` in x.dtype, the shared
+        output rounded to x.dtype before the add (the ``SEQUENTIAL`` order's last step). The
+        default is the shared expert's torch form (``SharedExpert.add_to``); a backend may
+        compute it with its own kernels (same numbers up to the GEMMs' rounding). Returns a
+        new tensor; ``routed`` is not modified. Current stream; no host sync; capturable."""
+        return shared_expert.add_to(routed, x)
 
     @classmethod
     def eligibility(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:

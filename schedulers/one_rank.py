@@ -1,0 +1,85 @@
+"""The one-rank straight path of ``ExternalCommScheduler`` (DESIGN 4.1 on one rank).
+
+    [checked by the caller] route -> [input-ready wait] -> [router weight on input]
+    -> [quantize] -> experts (+ FUSED shared slots) -> [SEQUENTIAL shared add] -> return
+
+DESIGN 4.1 run on one rank with ``NoComm``, no enabled balancer and nobody watching the
+ranges, with the steps that are identities there left out: one rank agrees with itself (no
+collective), never pads (the zero-token fix needs a peer), runs one chunk (``T <=
+max_num_tokens``), dispatch and combine move nothing, no EPLB hook fires (disabled
+balancer), and no range is entered (:func:`traces.ranges_silent`: no recorder, no NVTX tool,
+no profiler). What remains is the device work in 4.1's order. A decode step is host-bound
+(DESIGN 3), so this path exists to issue that work with as little Python as possible; the
+result is the general path's, bit for bit (tests compare the two).
+
+:func:`applies` decides, from the layer and this forward's token count only (rank-local,
+which is fine: there is one rank); anything else takes the general generator path. Stateless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from moerun.comm import NoComm
+from moerun.shared_expert import SharedExpertOrder, SharedRegime
+from schedulers.shared import fused_slots
+from traces import ranges_silent
+
+__all__ = ["applies", "forward"]
+
+_SEQ, _FUSED = SharedExpertOrder.SEQUENTIAL, SharedExpertOrder.FUSED
+
+
+def regime_for(layer: Any, num_tokens: int) -> SharedRegime | None:
+    """The shared-expert regime of a forward of ``num_tokens`` rows (None: no shared expert).
+    Pure; host only."""
+    schedule = layer.report.shared_schedule
+    return None if schedule is None else schedule.pick(num_tokens)
+
+
+def applies(layer: Any, num_tokens: int) -> bool:
+    """Whether a forward of ``num_tokens`` rows (already validated) takes this path: one
+    rank, ``NoComm``, no enabled balancer, ranges silent, one chunk, and a shared expert
+    (if any) run ``SEQUENTIAL`` or ``FUSED`` without an SM partition. Reads the layer's
+    build-time choices, ``num_tokens`` and whether ranges are watched; no host sync."""
+    if layer.mapping.world_size != 1 or type(layer.strategy) is not NoComm \
+            or layer.balancer.enabled or not ranges_silent(layer.recorder):
+        return False
+    cap = layer.config.max_num_tokens
+    if cap is not None and num_tokens > cap:
+        return False  # chunked
+    regime = regime_for(layer, num_tokens)
+    # NOTE: the other orders put the shared MLP on a side stream; the general path orders it
+    return regime is None or (regime.partition_sms is None and regime.order in (_SEQ, _FUSED))
+
+
+def forward(layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
+            input_ready_event: Any) -> torch.Tensor:
+    """``x [T, H]``, ``router_logits [T, E]`` -> ``[T, H]`` in x.dtype, for a forward that
+    :func:`applies` to (inputs already checked). Kernels on the current stream; no
+    collective; no host sync beyond the backend's; graph-safe."""
+    cfg = layer.config
+    regime = regime_for(layer, x.shape[0])
+    weights, ids = layer.router(router_logits, valid_rows=x.shape[0])
+    if input_ready_event is not None:
+        input_ready_event.wait()  # 4.2: just before x is first read
+    xin = x
+    if cfg.apply_router_weight_on_input:  # Llama4: scale the input, unit weight after
+        xin = x * weights.to(x.dtype)
+        weights = (ids >= 0).to(torch.float32)
+    if ids.dtype != torch.int32:  # what NoComm's dispatch hands the experts
+        ids = ids.to(torch.int32)
+    backend = layer.backend
+    if cfg.quant is not None:  # FP8 (DESIGN 11a); never FUSED
+        out = backend.run_experts(backend.quantize_rows(xin, cfg.quant), layer.w13, layer.w2,
+                                  weights, ids, quant=layer.expert_quant)
+    elif regime is not None and regime.order is _FUSED:
+        ids, weights, fused = fused_slots(layer, xin, ids, weights, 0, xin.shape[0])
+        return backend.run_experts(xin, layer.w13, layer.w2, weights, ids, shared=fused)
+    else:
+        out = backend.run_experts(xin, layer.w13, layer.w2, weights, ids)
+    if regime is not None:  # SEQUENTIAL: on the caller's rows
+        return backend.shared_mlp_add(layer.shared_expert, x, out)
+    return out
