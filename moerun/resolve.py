@@ -232,9 +232,11 @@ def _pick_shared(problem: Problem, deployment: Deployment, env: Env,
                              "('auto' takes partitions from the measured table)")
         row = shared_table_lookup(problem, deployment, env)
         usable = row is not None and all(elig[r.order].ok and (
-            r.partition_sms is None or env.has_green_context) for r in row.regimes)
+            r.partition_sms is None or env.has_green_context)
+            for r in row.regimes + (row.eager_regimes or ()))
         if usable:
-            schedule = SharedSchedule(regimes=row.regimes, why=f"from the {row.detail}")
+            schedule = SharedSchedule(regimes=row.regimes, why=f"from the {row.detail}",
+                                      eager_regimes=row.eager_regimes)
         else:
             default = (SharedExpertOrder.SEQUENTIAL if deployment.world_size == 1
                        else SharedExpertOrder.DURING_COMBINE)

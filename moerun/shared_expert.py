@@ -72,16 +72,22 @@ class SharedSchedule:
     """Which order a layer runs at which T, and why (from ``resolve``).
 
     Fields: ``regimes`` ascending by ``max_tokens``, the last one open (None); ``why`` the
-    rule that chose them (a table row, the default, or the caller's request).
+    rule that chose them (a table row, the default, or the caller's request);
+    ``eager_regimes``: the same for forwards outside CUDA-graph capture, where they differ
+    (a measured table picks ``regimes`` by graph-replay time and ``eager_regimes`` by eager
+    time: a side stream that hides the shared MLP in a replayed graph can cost more host
+    time than it hides when every forward is issued from Python); None = ``regimes``.
     """
 
     regimes: tuple[SharedRegime, ...]
     why: str
+    eager_regimes: tuple[SharedRegime, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not self.regimes or self.regimes[-1].max_tokens is not None:
-            raise ValueError("SharedSchedule.regimes must end with an open regime "
-                             "(max_tokens=None)")
+        for regimes in (self.regimes, self.eager_regimes):
+            if regimes is not None and (not regimes or regimes[-1].max_tokens is not None):
+                raise ValueError("SharedSchedule.regimes must end with an open regime "
+                                 "(max_tokens=None)")
 
     @classmethod
     def single(cls, order: SharedExpertOrder, why: str,
@@ -89,19 +95,32 @@ class SharedSchedule:
         return cls(regimes=(SharedRegime(max_tokens=None, order=order,
                                          partition_sms=partition_sms),), why=why)
 
-    def pick(self, rows: int) -> SharedRegime:
-        """The regime of a forward whose largest rank has ``rows`` tokens. Pure."""
-        for regime in self.regimes:
+    def pick(self, rows: int, *, capturing: bool = True) -> SharedRegime:
+        """The regime of a forward whose largest rank has ``rows`` tokens; ``capturing``:
+        the forward is being captured into a CUDA graph (else ``eager_regimes`` apply where
+        given). Pure."""
+        regimes = self.regimes if capturing or self.eager_regimes is None \
+            else self.eager_regimes
+        for regime in regimes:
             if regime.max_tokens is None or rows <= regime.max_tokens:
                 return regime
         raise AssertionError("unreachable: the last regime is open")
 
     @property
+    def all_regimes(self) -> tuple[SharedRegime, ...]:
+        """Every regime either mode may run."""
+        return self.regimes + (self.eager_regimes or ())
+
+    @property
     def orders(self) -> tuple[SharedExpertOrder, ...]:
-        return tuple(dict.fromkeys(r.order for r in self.regimes))
+        return tuple(dict.fromkeys(r.order for r in self.all_regimes))
 
     def describe(self) -> str:
-        return "; ".join(r.describe() for r in self.regimes)
+        text = "; ".join(r.describe() for r in self.regimes)
+        if self.eager_regimes is None or self.eager_regimes == self.regimes:
+            return text
+        return (f"{text} (eager: " + "; ".join(r.describe() for r in self.eager_regimes)
+                + ")")
 
 
 class SharedExpert(nn.Module):

@@ -6,7 +6,10 @@ the package; the command, date and device are in its ``meta``). A row is keyed b
 deployment and shape: device name, world size, local experts ``E``, ``top_k``, ``H``, ``I``,
 shared ``Is``, dtype; it lists per measured T the fastest order. :func:`lookup` turns a row
 into :class:`~moerun.shared_expert.SharedRegime` boundaries: a forward with ``T`` rows runs
-the order measured at the smallest measured ``T' >= T`` (the largest one beyond).
+the order measured at the smallest measured ``T' >= T`` (the largest one beyond). Each cell
+holds two picks: ``order`` by the time that serves the cell (graph replay up to the bench's
+``--graph-max-tokens``, eager above), used while capturing a CUDA graph, and
+``eager_order`` by eager time, used by forwards issued from Python.
 
 Pure: reads the JSON file once (cached) and its arguments.
 """
@@ -30,11 +33,13 @@ SHARED_TABLE_PATH = Path(__file__).with_name("shared_table.json")
 
 @dataclass(frozen=True, kw_only=True)
 class TableRow:
-    """One matching row: its ``regimes`` and a one-line ``detail`` (row key, command, date,
-    device) for the resolution report."""
+    """One matching row: its ``regimes`` (by graph-replay time), ``eager_regimes`` (by eager
+    time) and a one-line ``detail`` (row key, command, date, device) for the resolution
+    report."""
 
     regimes: tuple[SharedRegime, ...]
     detail: str
+    eager_regimes: tuple[SharedRegime, ...] | None = None
 
 
 def row_key(*, device: str, world_size: int, num_experts: int, top_k: int, hidden: int,
@@ -44,18 +49,24 @@ def row_key(*, device: str, world_size: int, num_experts: int, top_k: int, hidde
             f"|S{shared}|{dtype}")
 
 
-def regimes_from_cells(cells: list[dict[str, Any]]) -> tuple[SharedRegime, ...]:
+def regimes_from_cells(cells: list[dict[str, Any]], *, eager: bool = False
+                       ) -> tuple[SharedRegime, ...]:
     """``[{"tokens": T, "order": name, "partition_sms": n | None}, ...]`` -> regimes, adjacent
-    equal choices merged, the largest T's choice open-ended. Pure."""
+    equal choices merged, the largest T's choice open-ended. ``eager``: from the cells'
+    ``eager_order`` / ``eager_partition_sms`` (the pick by eager time; a cell without them
+    falls back to its ``order``). Pure."""
     if not cells:
         raise ValueError("a shared-table row needs at least one measured cell")
     cells = sorted(cells, key=lambda c: int(c["tokens"]))
     regimes: list[SharedRegime] = []
     for i, cell in enumerate(cells):
         last = i == len(cells) - 1
+        if eager and "eager_order" in cell:
+            order, sms = cell["eager_order"], cell.get("eager_partition_sms")
+        else:
+            order, sms = cell["order"], cell.get("partition_sms")
         regime = SharedRegime(max_tokens=None if last else int(cell["tokens"]),
-                              order=SharedExpertOrder(cell["order"]),
-                              partition_sms=cell.get("partition_sms"))
+                              order=SharedExpertOrder(order), partition_sms=sms)
         if regimes and (regimes[-1].order, regimes[-1].partition_sms) == \
                 (regime.order, regime.partition_sms):
             regimes[-1] = SharedRegime(max_tokens=regime.max_tokens, order=regime.order,
@@ -90,4 +101,7 @@ def lookup(problem: Problem, deployment: Deployment, env: Env,
     meta = table.get("meta", {})
     detail = (f"shared table {SHARED_TABLE_PATH.name} row {key} ({meta.get('command', '?')}, "
               f"{meta.get('date', '?')}, {meta.get('device', '?')})")
-    return TableRow(regimes=regimes_from_cells(row["cells"]), detail=detail)
+    eager = regimes_from_cells(row["cells"], eager=True)
+    regimes = regimes_from_cells(row["cells"])
+    return TableRow(regimes=regimes, detail=detail,
+                    eager_regimes=None if eager == regimes else eager)

@@ -128,9 +128,9 @@ class ExternalCommScheduler:
                 logits[: plan.num_tokens] = router_logits
         schedule = layer.report.shared_schedule
         rows = max(plan.padded_counts) if shared_rows is None else shared_rows
-        regime = None if schedule is None else schedule.pick(rows)
-        if regime is not None and regime.partition_sms is not None and layer.device.type == \
-                "cuda" and torch.cuda.is_current_stream_capturing():
+        capturing = layer.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        regime = None if schedule is None else schedule.pick(rows, capturing=capturing)
+        if regime is not None and regime.partition_sms is not None and capturing:
             # NOTE: checked before any stream is forked into the capture
             raise ValueError(
                 f"shared_partition_sms={regime.partition_sms}: a green-context stream cannot be "

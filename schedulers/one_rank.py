@@ -33,10 +33,13 @@ _SEQ, _FUSED = SharedExpertOrder.SEQUENTIAL, SharedExpertOrder.FUSED
 
 
 def regime_for(layer: Any, num_tokens: int) -> SharedRegime | None:
-    """The shared-expert regime of a forward of ``num_tokens`` rows (None: no shared expert).
-    Pure; host only."""
+    """The shared-expert regime of a forward of ``num_tokens`` rows (None: no shared expert),
+    eager or under CUDA-graph capture. Host only."""
     schedule = layer.report.shared_schedule
-    return None if schedule is None else schedule.pick(num_tokens)
+    if schedule is None:
+        return None
+    capturing = layer.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return schedule.pick(num_tokens, capturing=capturing)
 
 
 def applies(layer: Any, num_tokens: int) -> bool:

@@ -159,6 +159,26 @@ def test_regimes_from_measured_cells():
         SharedSchedule(regimes=regimes[:1], why="x")
 
 
+def test_eager_picks_apply_outside_graph_capture():
+    """A cell picks by graph time (``order``) and by eager time (``eager_order``); a forward
+    being captured runs the first, an eager forward the second; a cell without an eager
+    pick uses its ``order`` for both."""
+    cells = [{"tokens": 1, "order": "aux_stream", "eager_order": "sequential"},
+             {"tokens": 16, "order": "sequential", "eager_order": "sequential"},
+             {"tokens": 4096, "order": "during_combine"}]
+    graph, eager = regimes_from_cells(cells), regimes_from_cells(cells, eager=True)
+    sched = SharedSchedule(regimes=graph, why="test", eager_regimes=eager)
+    assert [sched.pick(t, capturing=True).order.value for t in (1, 2, 5000)] == \
+        ["aux_stream", "sequential", "during_combine"]
+    assert [sched.pick(t, capturing=False).order.value for t in (1, 2, 5000)] == \
+        ["sequential", "sequential", "during_combine"]
+    assert sched.orders == (SharedExpertOrder.AUX_STREAM, SharedExpertOrder.SEQUENTIAL,
+                            SharedExpertOrder.DURING_COMBINE)
+    assert "(eager: T <= 16: sequential; any T: during_combine)" in sched.describe()
+    plain = SharedSchedule(regimes=graph, why="test")
+    assert plain.pick(1, capturing=False).order is SharedExpertOrder.AUX_STREAM
+
+
 def test_resolve_reads_a_table_row(tmp_path, monkeypatch):
     import moerun.shared_table as table
 
@@ -168,12 +188,14 @@ def test_resolve_reads_a_table_row(tmp_path, monkeypatch):
     path = tmp_path / "shared_table.json"
     path.write_text(json.dumps({"meta": {"command": "moerun bench --shared", "date": "d",
                                          "device": "dev"},
-                                "rows": {key: {"cells": [{"tokens": 16, "order": "fused"},
+                                "rows": {key: {"cells": [{"tokens": 16, "order": "fused",
+                                                          "eager_order": "sequential"},
                                                          {"tokens": 4096,
                                                           "order": "during_combine"}]}}}))
     monkeypatch.setattr(table, "SHARED_TABLE_PATH", path)
     monkeypatch.setattr(table.lookup, "__defaults__", (path,))
     row = table.lookup(_problem(), _dep(1), env)
     assert row is not None and row.regimes[0].order is SharedExpertOrder.FUSED
+    assert [r.order.value for r in row.eager_regimes] == ["sequential", "during_combine"]
     assert "moerun bench --shared" in row.detail
     assert table.lookup(_problem(device_type="cpu"), _dep(1), env) is None  # GPU rows only

@@ -175,7 +175,7 @@ def test_dense_kernels_on_cuda_bf16_and_capture(tokens):
 @pytest.mark.parametrize("tokens", [1, 64, 300])
 def test_layer_shared_expert_on_cuda(tokens):
     """A DeepSeek-like bf16 layer on one GPU (SEQUENTIAL shared expert: the dense kernels up
-    to 128 rows, cuBLAS above) against fp64, on the one-rank path and the general one."""
+    to MAX_DENSE_ROWS, cuBLAS above) against fp64, on the one-rank path and the general one."""
     from moerun import ConfigurableMoE, MoEConfig, RoutingConfig, RoutingMethod
     from moerun.testing import make_case, reference_output, rel_err
     from traces import ScheduleRecorder

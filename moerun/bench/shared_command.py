@@ -2,7 +2,7 @@
 DeepSeek-V3-like layer, and the table ``resolve`` reads.
 
 Cells (GPU default): one shared expert of 2048, E in {32 (the experts one rank holds under
-EP8), 256}, top-8, H=7168, I=2048, T in {16, 128, 1024, 4096}; variants: ``sequential``,
+EP8), 256}, top-8, H=7168, I=2048, T in {1, 16, 128, 1024, 4096}; variants: ``sequential``,
 ``aux_stream`` (plain side stream and SM partitions of 16 and 32 SMs), ``during_combine``
 and ``fused``. Each variant is a real ``ConfigurableMoE`` built with that order, checked on
 sampled rows and timed with :func:`moerun.bench.layer.measure_layer` (ceilings measured in
@@ -13,7 +13,10 @@ is served eagerly and says so.
 Choice per cell: the fastest served variant, unless it beats ``sequential`` by less than
 ``--min-gain`` (default 3 %: repeated runs of one order spread by several percent), which
 keeps noise from picking an order; where the graph time is served, a variant that cannot be
-captured (an SM partition) is not a candidate. ``--write-table``
+captured (an SM partition) is not a candidate. A second choice per cell, by eager time
+alone (``eager_order``), is what forwards issued from Python run: at decode sizes a side
+stream can hide the shared MLP in a replayed graph yet cost more host time than it hides
+eagerly. ``--write-table``
 writes the choices (with every variant's time, the command, date and device) into
 ``moerun/shared_table.json`` (or PATH), replacing rows of the same key.
 """
@@ -36,7 +39,7 @@ _GIB = 2 ** 30
 #: (order, partition SMs) timed on CUDA; on a CPU only the first of each order.
 VARIANTS = (("sequential", None), ("aux_stream", None), ("aux_stream", 16),
             ("aux_stream", 32), ("during_combine", None), ("fused", None))
-_GPU_TOKENS = (16, 128, 1024, 4096)
+_GPU_TOKENS = (1, 16, 128, 1024, 4096)
 _CPU_TOKENS = (4, 16)
 
 
@@ -59,6 +62,12 @@ def shared_shapes(cuda: bool):
 
 def _label(order: str, sms: int | None) -> str:
     return order if sms is None else f"{order}@{sms}"
+
+
+def _pick(times: dict[str, float], min_gain: float) -> str:
+    """The fastest variant, unless it beats ``sequential`` by less than ``min_gain``."""
+    best = min(times, key=times.get)
+    return "sequential" if times[best] > times["sequential"] * (1 - min_gain) else best
 
 
 def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
@@ -111,6 +120,7 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     for shape in shared_shapes(cuda):
         weights = make_weights(shape, settings, args.seed + shape.experts)
         served: dict[int, dict[str, float]] = {t: {} for t in tokens}
+        eager: dict[int, dict[str, float]] = {t: {} for t in tokens}
         floors: dict[int, float] = {}
         notes: dict[tuple[int, str], str] = {}
         for order, sms in variants:
@@ -131,6 +141,7 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
                         notes[(t, label)] = f"not capturable, not a candidate: {cell.note}"
                         continue
                     served[t][label] = cell.graph_us if graph_served else cell.eager_us
+                    eager[t][label] = cell.eager_us
                     floors[t] = cell.floor_us
                     if cell.note:
                         notes[(t, label)] = cell.note
@@ -148,20 +159,24 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
             times = served[t]
             if "sequential" not in times:
                 continue
-            best = min(times, key=times.get)
-            if times[best] > times["sequential"] * (1 - args.min_gain):
-                best = "sequential"
+            best = _pick(times, args.min_gain)
+            e_times = {k: v for k, v in eager[t].items() if v is not None}
+            e_best = _pick(e_times, args.min_gain) if "sequential" in e_times else best
+            e_order, _, e_sms = e_best.partition("@")
             order, _, sms = best.partition("@")
             ratio = floors[t] / times[best]
             picked_ratio.append(ratio)
             cells.append({"tokens": t, "order": order,
                           "partition_sms": int(sms) if sms else None,
+                          "eager_order": e_order,
+                          "eager_partition_sms": int(e_sms) if e_sms else None,
                           "us": round(times[best], 2), "floor_us": round(floors[t], 2),
-                          "variants_us": {k: round(v, 2) for k, v in times.items()}})
+                          "variants_us": {k: round(v, 2) for k, v in times.items()},
+                          "eager_variants_us": {k: round(v, 2) for k, v in e_times.items()}})
             line = "  ".join(f"{k} {v:9.1f}" for k, v in times.items())
             print(f"{shape.name:16s} T={t:<5d} floor {floors[t]:8.1f}  {line}  -> {best} "
-                  f"(floor/time {ratio:.3f}, vs sequential {times['sequential'] / times[best]:.3f}x)",
-                  file=out)
+                  f"(floor/time {ratio:.3f}, vs sequential {times['sequential'] / times[best]:.3f}x)"
+                  f"; eager -> {e_best}", file=out)
             for (tt, label), note in notes.items():
                 if tt == t:
                     print(f"  note {label}: {note}", file=out)

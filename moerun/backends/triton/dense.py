@@ -13,7 +13,7 @@ blocks round it, so the result matches ``SharedExpert.add_to`` to the GEMM's rou
 
 Kernels per T (``dense_config``): ``T == 1`` a GEMV (broadcast-multiply-reduce, no
 tensor-core tile to pad, 8-16 columns per program so the grid has hundreds of programs);
-``T > 1`` ``tl.dot`` tiles of 16-64 rows. Only the ungated shared expert (DeepSeek-V3 style)
+``T > 1`` ``tl.dot`` tiles of 16 rows (up to :data:`MAX_DENSE_ROWS`). Only the ungated shared expert (DeepSeek-V3 style)
 is served here; :meth:`TritonExperts.shared_mlp_add` keeps the torch form otherwise.
 
 Torch twin: :func:`shared_mlp_add_torch`. No host sync; capture-safe; current stream.
@@ -36,9 +36,11 @@ patch_interpreter()
 __all__ = ["DenseConfig", "dense_config", "shared_mlp_add", "shared_mlp_add_torch",
            "MAX_DENSE_ROWS"]
 
-#: Up to this many rows the kernels serve the shared expert (memory-bound sizes, where they
-#: stream weights at the routed kernels' rate); above it cuBLAS does (compute-bound sizes).
-MAX_DENSE_ROWS = 128
+#: Up to this many rows the kernels serve the shared expert; above it cuBLAS does. Measured
+#: on the H200 (``benchmarks/dense_probe.py``, DeepSeek-V3's 7168 x 2048 shared expert,
+#: graph replay): 1.03x cuBLAS at T=1, 0.90-0.92x at T=2-16, 1.05-1.26x at T=32-128, and
+#: 51 against 120 µs of host time per call at every T.
+MAX_DENSE_ROWS = 16
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
