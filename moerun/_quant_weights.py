@@ -1,5 +1,6 @@
 """Checks and conversions of FP8 block-scaled weights at load time (issue 12), for
-:class:`moerun.layer.ConfigurableMoE`'s loaders.
+the loaders of :mod:`moerun._loading` (``ConfigurableMoE.load_weights`` /
+``load_expert_weights``).
 
 Legend: ``E`` logical experts, ``H`` hidden, ``I`` intermediate, ``Is`` shared intermediate,
 ``(bn, bk)`` the weight block of :class:`moerun.quant.QuantConfig`.

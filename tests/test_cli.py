@@ -130,6 +130,13 @@ def test_tune_help_explains_every_option():
     assert "winner stored for the T bucket" in flags["--T"]
     assert "no new (shape, T) point is started" in flags["--budget-s"]
     assert "dtype the kernels are compiled and timed in" in flags["--dtype"]
+    # the fp8 choice: what it tunes, the files it writes, where fp8 changes a flag
+    assert "{bfloat16,float16,fp8}" in flags["--dtype"]
+    assert "fp8: the FP8 block-scaled kernels" in flags["--dtype"]
+    assert "_float8_e4m3fn_<device>.json" in flags["--dtype"]
+    assert "with --dtype fp8 FLOPS is the fp8 GEMM rate" in flags["--ceilings"]
+    assert "with --dtype fp8 H and I must be multiples of 128" in flags["--shapes"]
+    assert "marked f8" in flags["--plan"]
 
 
 def test_eplb_sim_help_states_defaults():

@@ -10,18 +10,21 @@ one GPU, not its EP8 rank (32 local slots), which needs ``S32_...`` of its own.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 
 import pytest
 import torch
 
-from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
-                                            GateUpConfig, default_config, fit_to_dtype,
-                                            load_config_file)
+from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, ConfigTable,
+                                            DownConfig, ExpertsConfig, GateUpConfig,
+                                            default_config, fit_to_dtype, fp8_default_config,
+                                            fp8_intermediate, fp8_tile_fits, load_config_file)
 from moerun.backends.triton.tune import main as tune_main
-from moerun.backends.triton.tune_plan import (TunedEntry, compile_configs, merge_entries,
-                                              plan_points, read_config_data)
+from moerun.backends.triton.tune_plan import (FP8_MAX_CONFIGS, TunedEntry, compile_configs,
+                                              fp8_candidates, merge_entries, plan_points,
+                                              read_config_data)
 from moerun.bench.shapes import SHAPES
 from moerun.capability import Deployment, Problem
 from moerun.config import Activation
@@ -280,3 +283,240 @@ def test_tune_loop_runs_under_the_interpreter_and_its_file_is_used(tmp_path):
     hit = (got["floor_us"] * 1e-6 * 1e10 / 2 - 2 * 3 * 64) / (3 * 64 * 32)
     assert 2 <= hit <= 6
     assert 2.5344 - 1e-9 <= got["floor_us"] <= 7.4496 + 1e-9
+
+
+# ---------------------------------------------------------------- tune --dtype fp8
+
+FP8 = torch.float8_e4m3fn
+MIXTRAL_FP8 = "S8_N14336_K4096_float8_e4m3fn_NVIDIA_H200.json"
+EP8_FP8 = "S32_N2048_K7168_float8_e4m3fn_NVIDIA_H200.json"
+
+
+def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
+    """``--plan --dtype fp8`` without a GPU: the fp8 files of the local shapes, the sweep's
+    space per point (worked out below) and the incumbent of an existing fp8 file."""
+    fp8_cfg = fp8_default_config(32, 2048, 7168, 256, 4)
+    (tmp_path / EP8_FP8).write_text(json.dumps(merge_entries(
+        {}, shape=SHAPES["deepseek-v3-ep8-local"], dtype=FP8, device_name=H200, command="t",
+        date="2026-12-02", versions={}, activation_dtype=BF16,
+        winners={256: TunedEntry(config=fp8_cfg, us=1.0, timing="eager", tokens=256)})))
+    rc = tune_main(["--dtype", "fp8", "--shapes", "mixtral8x7b,deepseek-v3-ep8-local", "--plan",
+                    "--device-name", H200, "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    points = [ln.split() for ln in out.splitlines() if ln.startswith("point ")]
+    got = [(p[1], p[2], p[4], p[6], p[7]) for p in points]
+    # mixtral T=1/16: 2 and 4 rows per hit expert -> block_m 16: 6 gate/up (32/64/128 columns
+    # x 3/4 stages) + 6 down (64/128 columns x split 1/2/4, all dividing I/128 = 112) + the
+    # incumbent = 13. T=128 (32 rows/expert): 32 (12) + 64 with the fp8 intermediate (2 gate/up
+    # n128 w8 x 2 stages, 6 down) + 64 in bf16 (4 gate/up n64 w4/w8 x 2 stages, 6 down) + 1 = 31
+    assert got == [
+        ("mixtral8x7b", "T=1", "mode=graph", "configs=13", "block_m=16"),
+        ("mixtral8x7b", "T=16", "mode=graph", "configs=13", "block_m=16"),
+        ("mixtral8x7b", "T=128", "mode=graph", "configs=31", "block_m=32,64f8,64"),
+        ("mixtral8x7b", "T=1024", "mode=graph", "configs=31", "block_m=64f8,64,128"),
+        ("mixtral8x7b", "T=8192", "mode=eager", "configs=31", "block_m=64f8,64,128"),
+        ("deepseek-v3-ep8-local", "T=256", "mode=eager", "configs=31", "block_m=32,64f8,64"),
+        ("deepseek-v3-ep8-local", "T=2048", "mode=eager", "configs=31", "block_m=64f8,64,128"),
+        ("deepseek-v3-ep8-local", "T=8192", "mode=eager", "configs=31", "block_m=64f8,64,128"),
+        ("deepseek-v3-ep8-local", "T=32768", "mode=eager", "configs=31",
+         "block_m=64f8,64,128")]
+    files = [ln.rsplit("file=", 1)[1] for ln in out.splitlines() if ln.startswith("point ")]
+    assert files == [str(tmp_path / MIXTRAL_FP8)] * 5 + [str(tmp_path / EP8_FP8)] * 4
+    assert f'incumbent="tuned ({EP8_FP8})"' in out.splitlines()[5]
+    assert all('incumbent="heuristic"' in ln for ln in out.splitlines()[:5])
+    assert out.splitlines()[-1] == f"plan: 9 points, {2 * 13 + 7 * 31} configs to time"
+    # the points carry the fp8 heuristic as the incumbent where no file has the bucket
+    pts = plan_points([SHAPES["mixtral8x7b"]], [1], FP8, H200, tmp_path)
+    assert pts[0].incumbent == fp8_default_config(8, 14336, 4096, 1, 2)
+    assert len(compile_configs(pts[0])) == pts[0].num_configs == 13
+
+
+def test_fp8_plan_refuses_shapes_the_fp8_blocks_cannot_cover(capsys):
+    assert tune_main(["--dtype", "fp8", "--shapes", "tiny", "--plan", "--device-name",
+                      H200]) == 2
+    err = capsys.readouterr().err
+    assert "--shapes tiny: H=64 and I=32 must be multiples of 128" in err
+    with pytest.raises(ValueError, match="multiples of 128 for the fp8 kernels"):
+        plan_points([SHAPES["tiny"]], None, FP8, H200, ".")
+
+
+def test_fp8_register_rule():
+    # accumulators * 2 * BM * BN / (32 * warps) <= 128: worked out by hand
+    assert fp8_tile_fits(64, 128, 8, 2)            # 2*2*64*128/256 = 128
+    assert not fp8_tile_fits(64, 128, 4, 2)        # 256
+    assert not fp8_tile_fits(128, 128, 8, 2)       # 256: the tile that spilled in sweep run 1
+    assert fp8_tile_fits(128, 64, 4, 1)            # 1*2*128*64/128 = 128
+    assert not fp8_tile_fits(128, 256, 8, 1)       # 256
+
+
+@pytest.mark.parametrize("name", ["mixtral8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+                                  "deepseek-v3", "deepseek-v3-ep8-local",
+                                  "qwen3-235b-ep8-local"])
+def test_fp8_candidates_obey_the_register_and_intermediate_rules(name):
+    s = SHAPES[name]
+    seen_f8 = False
+    for t in (1, 4, 16, 64, 128, 256, 1024, 2048, 8192, 32768):
+        sets = fp8_candidates(s.num_experts, s.top_k, s.hidden, s.intermediate, t)
+        assert sets and sum(c.size for c in sets) <= FP8_MAX_CONFIGS - 1
+        for cs in sets:
+            for g in cs.gate_ups:
+                assert g.block_k == FP8_GROUP
+                assert fp8_tile_fits(cs.block_m, g.block_n, g.num_warps, 2), (t, cs.block_m, g)
+                # the fp8 intermediate needs 128-column gate/up tiles from PREQUANT_BLOCK_M on,
+                # and the set says which form its down tiles are timed on
+                assert fp8_intermediate(cs.block_m, g) == cs.fp8_intermediate, (t, cs, g)
+            for d in cs.downs:
+                assert d.down.block_k == FP8_GROUP
+                assert fp8_tile_fits(cs.block_m, d.down.block_n, d.down.num_warps, 1)
+                assert (s.intermediate // FP8_GROUP) % d.down.split_k == 0
+                assert d.combine == ("atomic" if cs.block_m < FP8_PREQUANT_BLOCK_M
+                                     else "reduce")
+                ExpertsConfig(block_m=cs.block_m, gate_up=cs.gate_ups[0], down=d.down,
+                              combine=d.combine)  # a valid config
+            seen_f8 |= cs.fp8_intermediate
+            if cs.fp8_intermediate:
+                assert cs.block_m >= FP8_PREQUANT_BLOCK_M
+                assert {g.block_n for g in cs.gate_ups} == {FP8_GROUP}
+        # the heuristic the lookup falls back on obeys the same rules
+        h = fp8_default_config(s.num_experts, s.intermediate, s.hidden, t, s.top_k)
+        assert fp8_tile_fits(h.block_m, h.gate_up.block_n, h.gate_up.num_warps, 2)
+        assert fp8_tile_fits(h.block_m, h.down.block_n, h.down.num_warps, 1)
+    assert seen_f8
+
+
+def test_fp8_candidates_of_one_prefill_block_m_by_hand():
+    # qwen3-235b T=1024: 64 rows per hit expert -> block_m 64 and 128
+    sets = fp8_candidates(128, 8, 4096, 1536, 1024)
+    assert [c.label for c in sets] == ["64f8", "64", "128"]
+    tile = [(g.block_n, g.num_warps, g.num_stages) for g in sets[0].gate_ups]
+    assert tile == [(128, 8, 2), (128, 8, 3)]
+    tile = [(g.block_n, g.num_warps, g.num_stages) for g in sets[1].gate_ups]
+    assert tile == [(64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3)]
+    downs = [(d.down.block_n, d.down.num_warps, d.down.num_stages) for d in sets[0].downs]
+    assert downs == [(128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (256, 8, 2),
+                     (256, 8, 3)]
+    assert sets[1].downs == sets[0].downs
+    # block_m 128: no 128-column gate/up tile fits the registers, so no fp8 intermediate
+    tile = [(g.block_n, g.num_warps) for g in sets[2].gate_ups]
+    assert tile == [(32, 4), (32, 4), (32, 8), (32, 8), (64, 8), (64, 8)]
+    downs = [(d.down.block_n, d.down.num_warps) for d in sets[2].downs]
+    assert downs == [(64, 4), (64, 4), (64, 8), (64, 8), (128, 8), (128, 8)]
+    # qwen3-30b decode: I/128 = 6, so split-K 4 is not a candidate
+    dec = fp8_candidates(128, 8, 2048, 768, 1)
+    assert [c.label for c in dec] == ["16"]
+    assert sorted({d.down.split_k for d in dec[0].downs}) == [1, 2]
+
+
+def test_fp8_winners_are_written_and_looked_up_as_tuned(tmp_path):
+    """write_winners of the fp8 kernels: the float8_e4m3fn file of the local shape, read back
+    by ConfigTable as tuned; merging into a file of the removed fp8 sweep keeps its entries
+    and starts the history with its writer."""
+    from moerun.backends.triton.tune import write_winners
+
+    shape = SHAPES["deepseek-v3-ep8-local"]
+    pts = plan_points([shape], [256, 2048], FP8, H200, tmp_path)
+    cfg = fp8_candidates(32, 4, 7168, 2048, 256)[0]
+    win = ExpertsConfig(block_m=cfg.block_m, gate_up=cfg.gate_ups[1], down=cfg.downs[2].down,
+                        combine=cfg.downs[2].combine)
+    old = fp8_default_config(32, 2048, 7168, 8192, 4)
+    (tmp_path / EP8_FP8).write_text(json.dumps({
+        "meta": {"written_by": "benchmarks/fp8_sweep.py", "command": "python3 "
+                 "benchmarks/fp8_sweep.py --out $OUT", "date": "2026-12-01", "device": H200,
+                 "dtype": "float8_e4m3fn"},
+        "entries": {"8192": {"config": old.to_json(), "us": 9.0, "T": 8192}}}))
+    paths = write_winners({EP8_FP8: {256: TunedEntry(config=win, us=700.0, timing="eager",
+                                                     tokens=256, floor_us=350.0)}},
+                          pts, tmp_path, dtype=FP8, device_name=H200, command="moerun tune "
+                          "--dtype fp8", out=io.StringIO(), activation_dtype=BF16)
+    assert [p.name for p in paths] == [EP8_FP8]
+    meta, entries = load_config_file(paths[0])
+    assert entries == {256: win, 8192: old}
+    assert meta["dtype"] == "float8_e4m3fn" and meta["activations"] == "bfloat16"
+    assert meta["shape"]["S"] == 32 and meta["command"] == "moerun tune --dtype fp8"
+    assert [h["command"] for h in meta["history"]] == [
+        "python3 benchmarks/fp8_sweep.py --out $OUT", "moerun tune --dtype fp8"]
+    assert meta["history"][0]["T"] == [8192] and meta["history"][1]["T"] == [256]
+    raw = json.loads(paths[0].read_text())["entries"]["256"]
+    assert raw["floor_over_time"] == 0.5 and raw["timing"] == "eager"
+
+    table = ConfigTable(device_name=H200, config_dir=tmp_path)
+    got = table.lookup(32, 2048, 7168, 200, 4, FP8)
+    assert (got.config, got.source, got.entry_bucket) == (win, f"tuned ({EP8_FP8})", 256)
+    assert table.lookup(32, 2048, 7168, 9000, 4, FP8).config == old
+    # the bf16 key of the same shape is another file: not there, so the heuristic
+    assert table.lookup(32, 2048, 7168, 200, 4, BF16).source == "heuristic"
+
+
+_TUNE_FP8_ON_CPU = r'''
+import json, sys, torch
+from pathlib import Path
+from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
+                                            GateUpConfig, config_file_name, fp8_default_config)
+from moerun.backends.triton.tune import run_points, write_winners
+from moerun.backends.triton.tune_plan import FP8, CandidateSet, DownChoice, TunePoint
+from moerun.bench.ceilings import Ceilings
+from moerun.bench.shapes import parse_shape_spec
+
+out_dir = Path(sys.argv[1])
+shape = parse_shape_spec("4:2:128:128")
+# a decode set (activation-dtype intermediate) and a prefill set with the fp8 intermediate
+g16 = GateUpConfig(block_n=32, block_k=128, num_stages=3)
+d16 = DownConfig(block_n=64, block_k=128, num_stages=3)
+g64 = GateUpConfig(block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=2)
+d64 = DownConfig(block_n=128, block_k=128, group_m=8, num_stages=2)
+sets = (CandidateSet(block_m=16, gate_ups=(g16,), downs=(DownChoice(down=d16, combine="atomic"),)),
+        CandidateSet(block_m=64, gate_ups=(g64,), downs=(DownChoice(down=d64, combine="reduce"),),
+                     fp8_intermediate=True))
+pt = TunePoint(shape=shape, tokens=3, bucket=4, mode="graph",
+               incumbent=fp8_default_config(4, 128, 128, 4, 2), incumbent_source="heuristic",
+               candidate_sets=sets, file_name=config_file_name(4, 128, 128, FP8, "cpu"))
+ceilings = Ceilings(read_bw=1e10, copy_bw=1e10, flops=1e11)
+winners = run_points([pt], device=torch.device("cpu"), dtype=FP8, ceilings=ceilings,
+                     budget_s=600, out=sys.stderr, fp8_rate=2e11,
+                     activation_dtype=torch.float16)
+paths = write_winners(winners, [pt], out_dir, dtype=FP8, device_name="cpu", command="test",
+                      out=sys.stderr, activation_dtype=torch.float16)
+entry = winners[pt.file_name][4]
+choice = ConfigTable(device_name="cpu", config_dir=out_dir).lookup(4, 128, 128, 3, 2, FP8)
+timed = [pt.incumbent.key()] + [ExpertsConfig(block_m=cs.block_m, gate_up=cs.gate_ups[0],
+                                              down=cs.downs[0].down,
+                                              combine=cs.downs[0].combine).key() for cs in sets]
+print(json.dumps({"files": [p.name for p in paths], "timing": entry.timing, "us": entry.us,
+                  "floor_us": entry.floor_us, "config": entry.config.key(), "timed": timed,
+                  "looked_up": choice.config.key(), "source": choice.source,
+                  "meta": json.loads(paths[0].read_text())["meta"]}))
+'''
+
+
+def test_fp8_tune_loop_runs_under_the_interpreter_and_its_file_is_used(tmp_path):
+    """The fp8 timing loop on a CPU (Triton interpreter, fp16 activations, eager): every
+    candidate set and the incumbent time the layer's call, a winner among them is written
+    to the float8_e4m3fn file with the fp8 floor, and the lookup then uses it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _TUNE_FP8_ON_CPU, str(tmp_path)],
+                          check=False, capture_output=True, text=True, timeout=300, env=env,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    name = "S4_N128_K128_float8_e4m3fn_cpu.json"
+    assert got["files"] == [name]
+    assert got["timing"] == "eager" and got["us"] > 0
+    assert got["config"] in got["timed"]
+    assert got["looked_up"] == got["config"] and got["source"] == f"tuned ({name})"
+    assert got["meta"]["dtype"] == "float8_e4m3fn" and got["meta"]["activations"] == "float16"
+    # every timed config shows in the log: both sets' gate/up tiles and whole calls
+    log = proc.stderr
+    assert "gate_up m16 n32k128" in log and "gate_up m64f8 n128k128" in log
+    assert all(k in log for k in got["timed"])
+    # fp8 floor, T=3 k=2, H=I=128: 2..6 experts hit; bytes hit*3*128*128 (1 B/element) plus
+    # the fp32 scales hit*3*4 plus 4*3*128 over 1e10 B/s = 5.1 .. 14.9 µs, above the
+    # 2*3*2*3*128*128 / 2e11 = 2.9 µs of compute
+    lo = (2 * (3 * 128 * 128 + 12) + 4 * 3 * 128) / 1e10 * 1e6
+    hi = (6 * (3 * 128 * 128 + 12) + 4 * 3 * 128) / 1e10 * 1e6
+    assert lo - 1e-9 <= got["floor_us"] <= hi + 1e-9

@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from moerun.bench.ceilings import Ceilings, floor_for
+from moerun.bench.ceilings import Ceilings, Floor, floor_for
 from moerun.bench.inputs import draw_routing
 from moerun.bench.shapes import BenchShape
 from moerun.bench.timing import time_graph_replay, time_samples
 
-__all__ = ["Fp8Cell", "fp8_floor_us", "fp8_weights", "measure_fp8_rate", "run_fp8_matrix",
-           "CPU_SHAPE"]
+__all__ = ["Fp8Cell", "fp8_floor", "fp8_floor_us", "fp8_weights", "measure_fp8_rate",
+           "run_fp8_matrix", "CPU_SHAPE"]
 
 #: The CPU default (H and I multiples of 128, as the fp8 blocks need).
 CPU_SHAPE = "8:2:128:128"
@@ -75,14 +75,22 @@ class Fp8Cell:
         return None if self.bf16_us is None else self.fp8_us / self.bf16_us
 
 
-def fp8_floor_us(shape: BenchShape, tokens: int, experts_hit: float, ceilings: Ceilings,
-                 fp8_rate: float) -> float:
-    """The fp8 floor of one cell in µs (module docstring). Pure arithmetic."""
+def fp8_floor(shape: BenchShape, tokens: int, experts_hit: float, ceilings: Ceilings,
+              fp8_rate: float) -> Floor:
+    """The fp8 floor of one cell (module docstring): the flops over ``fp8_rate`` (FLOP/s),
+    the bytes over ``ceilings.bandwidth``. Pure arithmetic."""
     h, i, k = shape.hidden, shape.intermediate, shape.top_k
     flops = 2.0 * tokens * k * 3 * h * i
     scale_bytes = experts_hit * 3 * h * i / _GROUP ** 2 * 4
     nbytes = experts_hit * 3 * h * i + scale_bytes + 4.0 * tokens * h
-    return max(flops / fp8_rate, nbytes / ceilings.bandwidth) * 1e6
+    return Floor(flops=flops, bytes=nbytes, compute_us=flops / fp8_rate * 1e6,
+                 memory_us=nbytes / ceilings.bandwidth * 1e6)
+
+
+def fp8_floor_us(shape: BenchShape, tokens: int, experts_hit: float, ceilings: Ceilings,
+                 fp8_rate: float) -> float:
+    """:func:`fp8_floor` in µs."""
+    return fp8_floor(shape, tokens, experts_hit, ceilings, fp8_rate).us
 
 
 def measure_fp8_rate(device: torch.device, size: int = 8192, repeats: int = 10) -> dict:

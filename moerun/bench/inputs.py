@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from moerun.bench.shapes import BenchShape
 
-__all__ = ["Weights", "Case", "make_weights", "draw_routing", "make_case", "reference_rows"]
+__all__ = ["Weights", "Fp8Weights", "Case", "make_weights", "make_fp8_weights", "draw_routing",
+           "make_case", "reference_rows"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,6 +26,18 @@ class Weights:
 
     w13: torch.Tensor
     w2: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Fp8Weights:
+    """FP8 block-scaled expert weights of one shape (DESIGN 11a): ``w13 [E, 2I, H]`` and
+    ``w2 [E, H, I]`` e4m3, ``w13_scale [E, 2I/128, H/128]`` and ``w2_scale [E, H/128,
+    I/128]`` fp32 ``scale_inv``."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_scale: torch.Tensor
+    w2_scale: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +60,33 @@ def make_weights(shape: BenchShape, dtype: torch.dtype, device: torch.device | s
         w13 = torch.randn(e, 2 * i, h, generator=g, device=device, dtype=dtype).mul_(h ** -0.5)
         w2 = torch.randn(e, h, i, generator=g, device=device, dtype=dtype).mul_(i ** -0.5)
     return Weights(w13=w13, w2=w2)
+
+
+def make_fp8_weights(shape: BenchShape, dtype: torch.dtype, device: torch.device | str, *,
+                     seed: int = 0, chunk: int = 8) -> Fp8Weights:
+    """:func:`make_weights` in ``dtype`` quantized with
+    :func:`moerun.quant.quantize_weight_blocks` (128 x 128 blocks), ``chunk`` experts at a
+    time (the fp32 temporaries stay at ``chunk`` experts; the ``dtype`` weights are freed
+    before returning, so the peak is their bytes plus the fp8 copy: 34 GB for deepseek-v3 in
+    bf16)."""
+    from moerun.quant import FP8_DTYPE, QuantConfig, quantize_weight_blocks
+
+    src = make_weights(shape, dtype, device, seed=seed)
+    qc = QuantConfig()
+    e, h, i = shape.num_experts, shape.hidden, shape.intermediate
+    out = Fp8Weights(
+        w13=torch.empty(e, 2 * i, h, dtype=FP8_DTYPE, device=device),
+        w2=torch.empty(e, h, i, dtype=FP8_DTYPE, device=device),
+        w13_scale=torch.empty(e, *qc.scale_shape(2 * i, h), device=device),
+        w2_scale=torch.empty(e, *qc.scale_shape(h, i), device=device))
+    with torch.no_grad():
+        for lo in range(0, e, chunk):
+            hi = min(e, lo + chunk)
+            for w, q, scale in ((src.w13, out.w13, out.w13_scale),
+                                (src.w2, out.w2, out.w2_scale)):
+                q[lo:hi], scale[lo:hi] = quantize_weight_blocks(w[lo:hi], qc.weight_block)
+    del src
+    return out
 
 
 def draw_routing(tokens: int, num_experts: int, top_k: int, gen: torch.Generator,

@@ -42,7 +42,10 @@ __all__ = [
     "default_config",
     "fit_to_dtype",
     "fp8_default_config",
+    "fp8_tile_fits",
+    "fp8_intermediate",
     "FP8_GROUP",
+    "FP8_PREQUANT_BLOCK_M",
     "ConfigTable",
     "load_config_file",
     "dtype_name",
@@ -192,17 +195,41 @@ def default_config(num_slots: int, inter: int, hidden: int, num_tokens: int, top
 
 #: The K tile of the fp8 kernels: one 128-column scale group per step (``fp8.py``).
 FP8_GROUP = 128
+#: From this ``block_m`` on (the compute-bound buckets) the fp8 path quantizes the
+#: activations by one kernel before the gate/up GEMM instead of in registers per N tile, and
+#: the gate/up epilogue writes the intermediate in fp8 when its tile is one group wide
+#: (:func:`fp8_intermediate`). Measured on the H200 (the fp8 config sweep of 2026-12-01,
+#: ``benchmarks/fp8-sweep-h200-2026-12-01-run*.json``): re-quantizing the same rows in every
+#: N tile cost up to 30 % at T = 8192. ``fp8.run_experts_fp8`` and ``moerun tune --dtype
+#: fp8`` both read it here.
+FP8_PREQUANT_BLOCK_M = 64
+
+
+def fp8_tile_fits(block_m: int, block_n: int, num_warps: int, accumulators: int) -> bool:
+    """The register rule of the fp8 tiles: a scaled fp8 K step keeps each fp32 accumulator
+    *and* the step's dot result live, so ``accumulators * 2 * BM * BN / threads`` must stay
+    within 128 registers per thread (``threads = 32 * num_warps``; gate/up has two
+    accumulators, down one). The 128 x 128 two-accumulator gate/up tile broke it, spilled and
+    ran 5-10x slow (sweep run 1 of 2026-12-01). Pure arithmetic."""
+    return accumulators * 2 * block_m * block_n / (32 * num_warps) <= 128
+
+
+def fp8_intermediate(block_m: int, gate_up: GateUpConfig) -> bool:
+    """Whether the fp8 gate/up kernel with tile ``gate_up`` on ``block_m`` rows writes the
+    intermediate as e4m3 + scales (the down GEMM then reads fp8 and quantizes nothing): only
+    from :data:`FP8_PREQUANT_BLOCK_M` rows on and with ``gate_up.block_n == FP8_GROUP`` (one
+    tile is then exactly one scale group of each row). Otherwise the intermediate is in the
+    activation dtype and the down kernel quantizes it in registers."""
+    return block_m >= FP8_PREQUANT_BLOCK_M and gate_up.block_n == FP8_GROUP
 
 
 def fp8_default_config(num_slots: int, inter: int, hidden: int, num_tokens: int,
                        top_k: int, num_sms: int = NUM_SMS_DEFAULT) -> ExpertsConfig:
     """Heuristic fp8 config for a shape no tuned fp8 file covers (pure host arithmetic).
 
-    From the H200 sweeps of 2026-12-01 (``benchmarks/fp8_sweep.py``, raw in
-    ``benchmarks/fp8-sweep-h200-2026-12-01-run*.json``): a scaled fp8 K step keeps the
-    accumulator *and* the step's dot result in registers, so tiles are sized to
-    ``accumulators * 2 * BM * BN / threads <= 128`` (128 x 128 two-accumulator tiles spilled
-    and ran 5-10x slow).
+    From the H200 sweeps of 2026-12-01 (raw in
+    ``benchmarks/fp8-sweep-h200-2026-12-01-run*.json``; the script that ran them was replaced
+    by ``moerun tune --dtype fp8``): tiles obey the register rule :func:`fp8_tile_fits`.
 
     * memory-bound (<= 12 rows per hit expert): ``block_m`` 16, gate/up 64 or 128 columns,
       down 128 columns with split-K until the programs cover the SMs twice, atomic combine;

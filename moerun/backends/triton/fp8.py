@@ -32,7 +32,14 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
 from moerun.backends.triton.align import Alignment
-from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+from moerun.backends.triton.configs import (
+    FP8_GROUP,
+    FP8_PREQUANT_BLOCK_M,
+    DownConfig,
+    ExpertsConfig,
+    GateUpConfig,
+    fp8_intermediate,
+)
 from moerun.backends.triton.gate_up import grouped_pid
 from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
 
@@ -41,7 +48,7 @@ patch_interpreter()
 __all__ = ["GROUP", "quantize_rows_fp8", "gate_up_fp8", "down_fp8", "run_experts_fp8"]
 
 #: The quantization group and the K tile of both GEMMs.
-GROUP = 128
+GROUP = FP8_GROUP
 
 
 # ---------------------------------------------------------------- kernels
@@ -241,7 +248,6 @@ def quantize_rows_fp8(x: torch.Tensor) -> QuantizedRows:
 _MID = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
-
 def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: torch.Tensor,
                 align: Alignment, top_k: int, cfg: GateUpConfig, out_dtype: torch.dtype, *,
                 fp8_out: bool = False) -> torch.Tensor | QuantizedRows:
@@ -375,12 +381,11 @@ def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torc
 
 
 # ---------------------------------------------------------------- the whole expert path
-#: From this ``block_m`` on (the compute-bound buckets) the activations are quantized by
-#: one kernel before the gate/up GEMM instead of in registers per N tile, and the gate/up
-#: epilogue writes the intermediate in fp8 when its tile is one group wide: measured on the
-#: H200 (``benchmarks/fp8_sweep.py`` runs of 2026-12-01), re-quantizing the same rows in
-#: every N tile cost up to 30 % at T = 8192.
-PREQUANT_BLOCK_M = 64
+#: From this ``block_m`` on the activations are quantized by one kernel before the gate/up
+#: GEMM and, with 128-column gate/up tiles, the intermediate is written in fp8
+#: (``configs.FP8_PREQUANT_BLOCK_M`` / ``configs.fp8_intermediate``: the one definition,
+#: which ``moerun tune --dtype fp8`` plans with).
+PREQUANT_BLOCK_M = FP8_PREQUANT_BLOCK_M
 
 
 def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
@@ -409,7 +414,7 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     acc = torch.empty(m, h, dtype=torch.float32, device=xd.device) if atomic else None
     align = moe_align(topk_ids, s, cfg.block_m, zero=acc)
     act = gate_up_fp8(x, w13, w13_scale, align, k, cfg.gate_up, out_dtype,
-                      fp8_out=prefill and cfg.gate_up.block_n == GROUP)
+                      fp8_out=fp8_intermediate(cfg.block_m, cfg.gate_up))
     if atomic:
         down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, atomic_out=acc)
         return acc if out_dtype == torch.float32 else acc.to(out_dtype)

@@ -5,8 +5,8 @@ key ``ConfigTable.lookup`` uses), one entry per T bucket.
 Usage (``main(argv)``; the CLI's ``tune`` subcommand forwards its arguments here)::
 
     moerun tune [--shapes deepseek-v3-ep8-local,qwen3-235b-ep8-local | E:K:H:I,...]
-                [--T 256,2048] [--budget-s 480] [--dtype bfloat16] [--out-dir DIR]
-                [--dry-run | --plan] [--ceilings READ,COPY,FLOPS]
+                [--T 256,2048] [--budget-s 480] [--dtype bfloat16|float16|fp8]
+                [--out-dir DIR] [--dry-run | --plan] [--ceilings READ,COPY,FLOPS]
 
 Shapes are those of ``moerun bench`` (``moerun.bench.shapes``: the four model layers, the
 EP-local shapes -- the slots one rank holds under EP8 --, ``tiny``, or ``E:K:H:I``), each with
@@ -15,11 +15,19 @@ routings (``moerun.bench.inputs``), device events, CUDA-graph replay per call wh
 serves the cell by graph (T <= ``--graph-max-tokens``, not EP-local), eager otherwise; the
 ceilings are measured once per run and each winner's floor/time is printed and stored.
 
-Per point (shape, T) at most :data:`~moerun.backends.triton.tune_plan.MAX_CONFIGS` configs
-are timed:
+``--dtype fp8`` tunes the fp8 block-scaled kernels (``fp8.py``) into the
+``..._float8_e4m3fn_<device>.json`` files: the timed call is the layer's (``quantize_rows``,
+its own launch, then ``run_experts(..., quant=)``; ``tune_calls.Fp8Calls``) with bf16
+activations on e4m3 weights and fp32 block scales; the candidates are
+``tune_plan.fp8_candidates``; the floor is ``moerun.bench.fp8``'s, with the fp8 GEMM rate
+measured in the same run (``torch._scaled_mm``).
 
-1. for each candidate ``block_m`` (at most two, from rows per expert): the gate/up tiles
-   alone, on that ``block_m``'s alignments;
+Per point (shape, T) at most :data:`~moerun.backends.triton.tune_plan.MAX_CONFIGS` configs
+(fp8: :data:`~moerun.backends.triton.tune_plan.FP8_MAX_CONFIGS`) are timed:
+
+1. for each candidate set (a ``block_m``, at most two, from rows per expert; fp8: a prefill
+   ``block_m`` has one set per intermediate form): the gate/up tiles alone, on that
+   ``block_m``'s alignments;
 2. with the best gate/up tile: whole calls for each down tile x combine candidate;
 3. the file's current entry for the point (the incumbent), timed the same way.
 
@@ -57,8 +65,10 @@ def build_parser(prog: str = "moerun tune") -> argparse.ArgumentParser:
                    help="comma list of bench shapes to tune: mixtral8x7b, qwen3-30b-a3b, "
                         "qwen3-235b-a22b, deepseek-v3, deepseek-v3-ep8-local, "
                         "qwen3-235b-ep8-local, tiny, or E:K:H:I (slots, top-k, hidden, "
-                        "intermediate); each is tuned at its local slot count; default: the "
-                        "bench's GPU matrix (the four model shapes and the two EP-local ones)")
+                        "intermediate); each is tuned at its local slot count; with --dtype "
+                        "fp8 H and I must be multiples of 128 (tiny is refused); default: the "
+                        "bench's GPU matrix (the four model shapes and the two EP-local ones, "
+                        "for every --dtype)")
     p.add_argument("--T", "--tokens", dest="T", default=None,
                    help="comma list of token counts T to tune; each T is timed and its winner "
                         "stored for the T bucket it falls in (default: each shape's own list, "
@@ -68,9 +78,12 @@ def build_parser(prog: str = "moerun tune") -> argparse.ArgumentParser:
                    help="wall-clock budget in seconds, compilation included: once spent, no "
                         "new (shape, T) point is started and the points tuned so far are "
                         "written (default 480)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "fp8"],
                    help="activation/weight dtype the kernels are compiled and timed in; part "
-                        "of the file's key (default bfloat16)")
+                        "of the file's key (default bfloat16); fp8: the FP8 block-scaled "
+                        "kernels (e4m3 weights with 128x128 fp32 block scales, bf16 "
+                        "activations quantized per 128 columns by their own launch), files "
+                        "..._float8_e4m3fn_<device>.json")
     p.add_argument("--out-dir", default=None,
                    help="folder of the config JSON files to merge into (default: the "
                         "package's moerun/backends/triton/configs)")
@@ -79,8 +92,9 @@ def build_parser(prog: str = "moerun tune") -> argparse.ArgumentParser:
                         "into the JSON files)")
     p.add_argument("--plan", action="store_true",
                    help="print the points, their serving mode, incumbents, candidate counts "
-                        "and target files, then exit; no GPU needed, nothing timed or written "
-                        "(default: tune)")
+                        "and target files, then exit; no GPU needed, nothing timed or written; "
+                        "with --dtype fp8 a block_m marked f8 is the set whose gate/up tiles "
+                        "write the intermediate in fp8 (default: tune)")
     p.add_argument("--device-name", default=None,
                    help="device name of the target files for --plan on a machine without a "
                         "GPU (default: GPU 0's name; a real run always uses GPU 0's)")
@@ -89,8 +103,10 @@ def build_parser(prog: str = "moerun tune") -> argparse.ArgumentParser:
                         "shapes are always eager; default 1024)")
     p.add_argument("--ceilings", default=None, metavar="READ_BW,COPY_BW,FLOPS",
                    help="use these ceilings (B/s, B/s read+write, FLOP/s) for the floor/time "
-                        "of the winners instead of measuring (default: measured once per run, "
-                        "as moerun bench does)")
+                        "of the winners instead of measuring; with --dtype fp8 FLOPS is the "
+                        "fp8 GEMM rate of the fp8 floor (default: measured once per run, as "
+                        "moerun bench does; with --dtype fp8 the fp8 rate too, as moerun "
+                        "bench --dtype fp8 measures it)")
     p.add_argument("--workers", type=int, default=0,
                    help="parallel compile processes (default 0: CPU cores - 2)")
     return p
@@ -102,7 +118,7 @@ def _print_plan(points, out_dir: Path, out) -> None:
         total += pt.num_configs
         print(f"point {pt.shape.name} T={pt.tokens} bucket={pt.bucket} mode={pt.mode} "
               f"S={pt.shape.num_experts} configs={pt.num_configs} "
-              f"block_m={','.join(str(c.block_m) for c in pt.candidate_sets)} "
+              f"block_m={','.join(c.label for c in pt.candidate_sets)} "
               f"incumbent=\"{pt.incumbent_source}\" file={out_dir / pt.file_name}", file=out)
     print(f"plan: {len(points)} points, {total} configs to time", file=out)
 
@@ -115,7 +131,7 @@ def main(argv=None, prog: str = "moerun tune") -> int:
     import torch
 
     from moerun.backends.triton.configs import CONFIG_DIR
-    from moerun.backends.triton.tune_plan import plan_points
+    from moerun.backends.triton.tune_plan import FP8, check_fp8_shape, plan_points
     from moerun.bench.ceilings import measure_run_ceilings, parse_ceilings
     from moerun.bench.shapes import parse_shapes, parse_tokens
 
@@ -128,9 +144,18 @@ def main(argv=None, prog: str = "moerun tune") -> int:
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    dtype = getattr(torch, args.dtype)
+    fp8 = args.dtype == "fp8"
+    dtype = FP8 if fp8 else getattr(torch, args.dtype)
+    act = torch.bfloat16 if fp8 else dtype  # the activations the kernels are timed with
     out_dir = Path(args.out_dir) if args.out_dir else CONFIG_DIR
     cuda = torch.cuda.is_available()
+    if fp8:
+        try:
+            for s in shapes:
+                check_fp8_shape(s)
+        except ValueError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
     if args.plan:
         device = args.device_name or (torch.cuda.get_device_name(0) if cuda else None)
         if device is None:
@@ -155,50 +180,63 @@ def main(argv=None, prog: str = "moerun tune") -> int:
     cuda_dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
-    ceilings = given if given is not None else measure_run_ceilings(cuda_dev, dtype)
-    print(f"tune: {device}; ceilings {ceilings.describe()}", flush=True)
+    ceilings = given if given is not None else measure_run_ceilings(cuda_dev, act)
+    fp8_rate = None
+    if fp8:
+        from moerun.bench.fp8 import measure_fp8_rate
+
+        fp8_rate = given.flops if given is not None else max(measure_fp8_rate(cuda_dev).values())
+    print(f"tune: {device}; ceilings {ceilings.describe()}"
+          + (f"; fp8 GEMM rate {fp8_rate / 1e12:.1f} TFLOP/s" if fp8 else ""), flush=True)
     winners = run_points(points, device=cuda_dev, dtype=dtype, ceilings=ceilings,
                          budget_s=args.budget_s - (time.time() - t_start),
-                         workers=args.workers or None)
+                         workers=args.workers or None, fp8_rate=fp8_rate,
+                         activation_dtype=act)
     if args.dry_run:
         print("tune: --dry-run, nothing written")
         return 0
-    write_winners(winners, points, out_dir, dtype=dtype, device_name=device, command=command)
+    write_winners(winners, points, out_dir, dtype=dtype, device_name=device, command=command,
+                  activation_dtype=act if fp8 else None)
     print(f"tune: done in {time.time() - t_start:.0f}s")
     return 0
 
 
 def run_points(points, *, device, dtype, ceilings, budget_s: float,
-               workers: int | None = None, out=None) -> dict[str, dict]:
+               workers: int | None = None, out=None, fp8_rate: float | None = None,
+               activation_dtype=None) -> dict[str, dict]:
     """Time every point's candidates on ``device`` and return the winners,
     ``{file name: {bucket: TunedEntry}}``.
 
-    CUDA: all configs are compiled first in parallel processes, then each point is timed in
-    its mode (graph replay or eager). Other devices (the Triton interpreter on a CPU, for
-    tests): no pre-compilation and eager timing only. Points not started once ``budget_s``
-    seconds have passed are skipped (printed). Allocates each shape's weights in turn.
-    Host syncs: many (outside timed regions).
+    ``dtype`` the kernels' dtype (``torch.float8_e4m3fn``: the fp8 block-scaled kernels,
+    timed with ``activation_dtype`` rows, default bf16; ``fp8_rate`` the fp8 GEMM FLOP/s of
+    their floor, required then). CUDA: all configs are compiled first in parallel processes,
+    then each point is timed in its mode (graph replay or eager). Other devices (the Triton
+    interpreter on a CPU, for tests): no pre-compilation and eager timing only. Points not
+    started once ``budget_s`` seconds have passed are skipped (printed). Allocates each
+    shape's weights in turn. Host syncs: many (outside timed regions).
     """
     import torch
 
-    from moerun.backends.triton.align import moe_align
-    from moerun.backends.triton.configs import ConfigTable, ExpertsConfig, fit_to_dtype
-    from moerun.backends.triton.experts import TritonExperts
-    from moerun.backends.triton.gate_up import gate_up
-    from moerun.backends.triton.tune_plan import TunedEntry, compile_configs
-    from moerun.bench.ceilings import floor_for
-    from moerun.bench.inputs import make_case, make_weights
+    from moerun.backends.triton.configs import ExpertsConfig, fit_to_dtype
+    from moerun.backends.triton.tune_calls import FloatCalls, Fp8Calls, make_weights_for
+    from moerun.backends.triton.tune_plan import FP8, TunedEntry, compile_configs
+    from moerun.bench.inputs import make_case
     from moerun.bench.timing import time_graph_replay, time_samples
 
     out = out if out is not None else sys.stdout
     t_start = time.time()
     cuda = device.type == "cuda"
-    elt = torch.empty((), dtype=dtype).element_size()
+    fp8 = dtype == FP8
+    if fp8 and fp8_rate is None:
+        raise ValueError("run_points: the fp8 kernels need fp8_rate (the fp8 GEMM FLOP/s of "
+                         "their floor)")
+    act = (activation_dtype or torch.bfloat16) if fp8 else dtype
     if cuda:
         from moerun.backends.triton.precompile import precompile
 
         status = precompile([(pt.shape, cfg, dtype) for pt in points
-                             for cfg in compile_configs(pt)], workers=workers)
+                             for cfg in compile_configs(pt)], workers=workers,
+                            activation_dtype=act)
         fails = [s for s in status if not s.startswith("ok")]
         print(f"tune: compiled {len(status)} configs in {time.time() - t_start:.0f}s, "
               f"{len(fails)} failed", file=out, flush=True)
@@ -218,12 +256,13 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
             weights = None
             if cuda:
                 torch.cuda.empty_cache()
-            weights, weights_key = make_weights(shape, dtype, device, seed=0), shape
-        w13, w2 = weights.w13, weights.w2
-        cases = [make_case(shape, tokens, dtype, device, seed=100 + r)
+            weights, weights_key = make_weights_for(shape, dtype, act, device), shape
+        cases = [make_case(shape, tokens, act, device, seed=100 + r)
                  for r in range(_routings_for(tokens))]
+        calls = Fp8Calls(shape, weights, cases, act) if fp8 else \
+            FloatCalls(shape, weights, cases, dtype)
         hit = sum(int(torch.unique(c.topk_ids).numel()) for c in cases) / len(cases)  # sync
-        floor = floor_for(shape, tokens, hit, elt, ceilings)
+        floor = calls.floor(hit, ceilings, fp8_rate)
 
         def per_call_us(fns) -> float:
             """Median µs per call of ``fns`` (one per routing) in the point's mode."""
@@ -234,24 +273,17 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
             return statistics.median(time_samples(
                 lambda i: fns[i % n](), device, max(_SAMPLES["eager"], n), warmup=n)) * 1e6
 
-        def whole(cfg: ExpertsConfig) -> float:
-            be = TritonExperts(ConfigTable(overrides={pt.bucket: cfg}))
-            return per_call_us([lambda c=c: be.run_experts(c.x, w13, w2, c.topk_weights,
-                                                           c.topk_ids) for c in cases])
-
         rows = []
         best_us, best_cfg = float("inf"), None
         for cs in pt.candidate_sets:
-            aligns = [moe_align(c.topk_ids, shape.num_experts, cs.block_m) for c in cases]
             best_gu_us, best_gu = float("inf"), None
             for g in cs.gate_ups:
                 try:
-                    us = per_call_us([lambda c=c, a=a, g=g: gate_up(c.x, w13, a, shape.top_k, g)
-                                      for c, a in zip(cases, aligns)])
+                    us = per_call_us(calls.gate_up_fns(cs.block_m, g))
                 except Exception as e:  # noqa: BLE001 -- a failing candidate is skipped
-                    rows.append((f"gate_up m{cs.block_m} {g}", float("nan"), repr(e)[:80]))
+                    rows.append((f"gate_up m{cs.label} {g}", float("nan"), repr(e)[:80]))
                     continue
-                rows.append((f"gate_up m{cs.block_m} n{g.block_n}k{g.block_k}g{g.group_m}"
+                rows.append((f"gate_up m{cs.label} n{g.block_n}k{g.block_k}g{g.group_m}"
                              f"w{g.num_warps}s{g.num_stages}", us, ""))
                 if us < best_gu_us:
                     best_gu_us, best_gu = us, g
@@ -261,7 +293,7 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
                 cfg = ExpertsConfig(block_m=cs.block_m, gate_up=best_gu, down=d.down,
                                     combine=d.combine)
                 try:
-                    us = whole(cfg)
+                    us = per_call_us(calls.whole_fns(pt.bucket, cfg))
                 except Exception as e:  # noqa: BLE001
                     rows.append((cfg.key(), float("nan"), repr(e)[:80]))
                     continue
@@ -269,16 +301,16 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
                 if us < best_us:
                     best_us, best_cfg = us, cfg
         try:
-            us = whole(pt.incumbent)
+            us = per_call_us(calls.whole_fns(pt.bucket, pt.incumbent))
             rows.append((pt.incumbent.key(), us, f"incumbent, {pt.incumbent_source}"))
             if us < best_us:
                 best_us, best_cfg = us, pt.incumbent
         except Exception as e:  # noqa: BLE001
             rows.append((pt.incumbent.key(), float("nan"), "incumbent " + repr(e)[:80]))
         eff = floor.us / best_us if best_cfg is not None else float("nan")
-        print(f"== {shape.name} T={tokens} ({mode}): {len(rows)} timed in "
-              f"{time.time() - t0:.1f}s; floor {floor.us:.1f} us ({floor.bound}); best "
-              f"{best_us:.1f} us, floor/time {eff:.3f}, "
+        print(f"== {shape.name} T={tokens} ({mode}{', fp8' if fp8 else ''}): {len(rows)} "
+              f"timed in {time.time() - t0:.1f}s; floor {floor.us:.1f} us ({floor.bound}); "
+              f"best {best_us:.1f} us, floor/time {eff:.3f}, "
               f"{best_cfg.key() if best_cfg else None}", file=out, flush=True)
         for name, us, note in rows:
             print(f"   {us:10.1f}  {name}  {note}", file=out)
@@ -286,16 +318,17 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
             winners.setdefault(pt.file_name, {})[pt.bucket] = TunedEntry(
                 config=fit_to_dtype(best_cfg, dtype), us=best_us, timing=mode,
                 tokens=tokens, floor_us=floor.us)
-        del cases
+        del cases, calls
         if cuda:
             torch.cuda.empty_cache()
     return winners
 
 
 def write_winners(winners: dict[str, dict], points, out_dir: Path, *, dtype, device_name: str,
-                  command: str, out=None) -> list[Path]:
+                  command: str, out=None, activation_dtype=None) -> list[Path]:
     """Merge ``winners`` (from :func:`run_points`) into their files under ``out_dir`` (other
-    entries kept); returns the paths written."""
+    entries kept; ``dtype`` ``float8_e4m3fn`` for the fp8 kernels' files, whose meta also
+    names ``activation_dtype``); returns the paths written."""
     import torch
 
     from moerun.backends.triton.tune_plan import merge_entries, read_config_data
@@ -310,7 +343,8 @@ def write_winners(winners: dict[str, dict], points, out_dir: Path, *, dtype, dev
         path = out_dir / name
         data = merge_entries(read_config_data(path), shape=shape_of[name], dtype=dtype,
                              device_name=device_name, command=command, date=today,
-                             versions=versions, winners=mine)
+                             versions=versions, winners=mine,
+                             activation_dtype=activation_dtype)
         path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"tune: wrote {path} ({len(mine)} entries)", file=out)
         written.append(path)

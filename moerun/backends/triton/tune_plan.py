@@ -1,4 +1,5 @@
-"""What ``moerun tune`` will time and what it writes: the pruned candidate space per point,
+"""What ``moerun tune`` will time and what it writes: the pruned candidate space per point
+(bf16/fp16 kernels: :func:`candidates`; the fp8 block-scaled kernels: :func:`fp8_candidates`),
 the plan (points, incumbents, target files) and the merge of winners into a config file.
 
 Pure host code (no triton, no GPU): ``moerun tune --plan`` prints a plan on any machine, and
@@ -14,17 +15,23 @@ from pathlib import Path
 
 import torch
 
-from moerun.backends.triton.configs import (SMEM_LIMIT, DownConfig, ExpertsConfig,
-                                            GateUpConfig, bucket_of, config_file_name,
-                                            default_config, dtype_name)
+from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, SMEM_LIMIT,
+                                            DownConfig, ExpertsConfig, GateUpConfig,
+                                            bucket_of, config_file_name, default_config,
+                                            dtype_name, fp8_default_config, fp8_tile_fits)
 from moerun.bench.shapes import BenchShape
 
-__all__ = ["MAX_CONFIGS", "NUM_SMS", "DownChoice", "CandidateSet", "TunePoint", "TunedEntry",
-           "candidates", "plan_points", "point_mode", "read_config_data", "merge_entries",
-           "compile_configs"]
+__all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
+           "TunePoint", "TunedEntry", "candidates", "fp8_candidates", "check_fp8_shape",
+           "plan_points", "point_mode", "read_config_data", "merge_entries", "compile_configs"]
 
 #: Configs timed per point at most (the incumbent included).
 MAX_CONFIGS = 24
+#: The same bound for the fp8 kernels: the whole space of the 2026-12-01 fp8 sweep (at most
+#: 30 candidates per point) plus the incumbent, so nothing of it is pruned.
+FP8_MAX_CONFIGS = 31
+#: The dtype of the fp8 block-scaled kernels' config files (``moerun tune --dtype fp8``).
+FP8 = torch.float8_e4m3fn
 #: Streaming multiprocessors the pruning assumes (H100/H200 SXM).
 NUM_SMS = 132
 
@@ -40,15 +47,26 @@ class DownChoice:
 @dataclass(frozen=True, kw_only=True)
 class CandidateSet:
     """The candidates of one ``block_m``: gate/up tiles (timed alone first) and down tiles
-    (timed as whole calls with the best gate/up tile)."""
+    (timed as whole calls with the best gate/up tile).
+
+    ``fp8_intermediate`` (fp8 sets only): every gate/up tile of the set writes the
+    intermediate in fp8 (``configs.fp8_intermediate``), so the down tiles are timed on the
+    form they will read; the fp8 space splits a prefill ``block_m`` into one set per form,
+    since the gate/up tile alone cannot say which form makes the whole call faster."""
 
     block_m: int
     gate_ups: tuple[GateUpConfig, ...]
     downs: tuple[DownChoice, ...]
+    fp8_intermediate: bool = False
 
     @property
     def size(self) -> int:
         return len(self.gate_ups) + len(self.downs)
+
+    @property
+    def label(self) -> str:
+        """``block_m``, with ``f8`` appended for a set with an fp8 intermediate."""
+        return f"{self.block_m}f8" if self.fp8_intermediate else str(self.block_m)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,14 +187,79 @@ def candidates(num_slots: int, top_k: int, hidden: int, inter: int, tokens: int,
         gus = [g for g in gus if g.smem_bytes(bm, elt) <= SMEM_LIMIT]
         dns = [(d, c) for d, c in dns if d.smem_bytes(bm, elt) <= SMEM_LIMIT]
         out.append((bm, gus, dns))
-    # keep the total within MAX_CONFIGS (one slot is the incumbent's)
-    while sum(len(g) + len(d) for _, g, d in out) > MAX_CONFIGS - 1:
-        i = max(range(len(out)), key=lambda j: len(out[j][1]) + len(out[j][2]))
-        bm, g, d = out[i]
-        out[i] = (bm, g[:-1], d) if len(g) >= len(d) else (bm, g, d[:-1])
-    return [CandidateSet(block_m=bm, gate_ups=tuple(g),
-                         downs=tuple(DownChoice(down=d, combine=c) for d, c in dns))
-            for bm, g, dns in out if g and dns]
+    return _within(out, MAX_CONFIGS)
+
+
+def _within(out: list[tuple], cap: int) -> list[CandidateSet]:
+    """``[(block_m, gate_ups, [(down, combine)], *fp8_intermediate)]`` as candidate sets,
+    the longest list trimmed from its end until the total fits ``cap - 1`` (one slot is the
+    incumbent's); sets left without a gate/up or a down tile are dropped."""
+    out = [list(o) for o in out]
+    while sum(len(o[1]) + len(o[2]) for o in out) > cap - 1:
+        o = max(out, key=lambda o: len(o[1]) + len(o[2]))
+        if len(o[1]) >= len(o[2]):
+            o[1] = o[1][:-1]
+        else:
+            o[2] = o[2][:-1]
+    return [CandidateSet(block_m=o[0], gate_ups=tuple(o[1]),
+                         downs=tuple(DownChoice(down=d, combine=c) for d, c in o[2]),
+                         fp8_intermediate=bool(o[3]) if len(o) > 3 else False)
+            for o in out if o[1] and o[2]]
+
+
+def check_fp8_shape(shape: BenchShape) -> None:
+    """ValueError unless ``shape``'s H and I are multiples of the fp8 scale group (128)."""
+    if shape.hidden % FP8_GROUP or shape.intermediate % FP8_GROUP:
+        raise ValueError(f"--shapes {shape.name}: H={shape.hidden} and I={shape.intermediate} "
+                         f"must be multiples of {FP8_GROUP} for the fp8 kernels (--dtype fp8)")
+
+
+def fp8_candidates(num_slots: int, top_k: int, hidden: int, inter: int,
+                   tokens: int) -> list[CandidateSet]:
+    """The fp8 search space of one point: what the H200 sweeps of 2026-12-01 searched
+    (``benchmarks/fp8-sweep-h200-2026-12-01-run4.json``; their script was replaced by
+    ``moerun tune --dtype fp8``), at most ``FP8_MAX_CONFIGS - 1`` configs.
+
+    * ``block_m`` by rows per hit expert ``tpe``: 16 (``tpe <= 12``), 32 and 64 (``<= 40``),
+      else 64 and 128;
+    * every K tile is the scale group (128); every tile obeys the register rule
+      :func:`~moerun.backends.triton.configs.fp8_tile_fits` (two accumulators for gate/up,
+      one for down);
+    * decode ``block_m`` (<= 32): gate/up 32/64/128 columns x 3/4 stages, 4 warps; down
+      64/128 columns x split-K 1/2/4 (those dividing ``I/128``), 4 warps, 3 stages, atomic
+      combine;
+    * prefill ``block_m`` (>= ``FP8_PREQUANT_BLOCK_M``): gate/up 32/64/128 columns x 4/8
+      warps of at least 64 x 64 outputs, down 64/128/256 columns x 4/8 warps of at least
+      64 x 128, both 2/3 stages and ``group_m`` 8, reduce combine; the gate/up tiles with 128
+      columns (the fp8 intermediate) form their own set.
+    """
+    G, D = GateUpConfig, DownConfig
+    pairs = tokens * top_k
+    hit = min(num_slots, pairs)
+    tpe = pairs / hit
+    bms = [16] if tpe <= 12 else ([32, 64] if tpe <= 40 else [64, 128])
+    groups = inter // FP8_GROUP
+    splits = [s for s in (1, 2, 4) if groups % s == 0]
+    out: list[tuple] = []
+    for bm in bms:
+        if bm < FP8_PREQUANT_BLOCK_M:
+            gus = [G(block_n=bn, block_k=FP8_GROUP, num_warps=4, num_stages=st)
+                   for bn in (32, 64, 128) for st in (3, 4) if fp8_tile_fits(bm, bn, 4, 2)]
+            dns = [(D(block_n=bn, block_k=FP8_GROUP, split_k=sk, num_warps=4, num_stages=3),
+                    "atomic") for bn in (64, 128) for sk in splits if fp8_tile_fits(bm, bn, 4, 1)]
+            out.append((bm, gus, dns, False))
+            continue
+        gus = [G(block_n=bn, block_k=FP8_GROUP, group_m=8, num_warps=w, num_stages=st)
+               for bn in (32, 64, 128) for w in (4, 8)
+               if fp8_tile_fits(bm, bn, w, 2) and bm * bn >= 64 * 64 for st in (2, 3)]
+        dns = [(D(block_n=bn, block_k=FP8_GROUP, group_m=8, num_warps=w, num_stages=st),
+                "reduce") for bn in (64, 128, 256) for w in (4, 8)
+               if fp8_tile_fits(bm, bn, w, 1) and bm * bn >= 64 * 128 for st in (2, 3)]
+        for f8 in (True, False):  # one set per intermediate form (fp8_intermediate)
+            mine = [g for g in gus if (g.block_n == FP8_GROUP) == f8]
+            if mine:
+                out.append((bm, mine, dns, f8))
+    return _within(out, FP8_MAX_CONFIGS)
 
 
 def point_mode(shape: BenchShape, tokens: int, graph_max_tokens: int) -> str:
@@ -197,10 +280,17 @@ def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch
                 device_name: str, config_dir: Path, graph_max_tokens: int = 1024
                 ) -> list[TunePoint]:
     """Every point to tune, in order: each shape's own T list unless ``tokens`` is given.
-    Incumbents come from ``config_dir``'s file of the local shape (read only)."""
+    ``dtype`` :data:`FP8` plans the fp8 block-scaled kernels (:func:`fp8_candidates`, the
+    fp8 heuristic as the default incumbent, ``..._float8_e4m3fn_<device>.json`` files; a
+    shape whose H or I is not a multiple of 128 is a ValueError). Incumbents come from
+    ``config_dir``'s file of the local shape (read only)."""
+    fp8 = dtype == FP8
     elt = torch.empty((), dtype=dtype).element_size()
+    heuristic = fp8_default_config if fp8 else default_config
     points = []
     for shape in shapes:
+        if fp8:
+            check_fp8_shape(shape)
         name = config_file_name(shape.num_experts, shape.intermediate, shape.hidden, dtype,
                                 device_name)
         entries = read_config_data(Path(config_dir) / name)["entries"]
@@ -210,11 +300,15 @@ def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch
                 inc = ExpertsConfig.from_json(entries[str(b)]["config"])
                 source = f"tuned ({name})"
             else:
-                inc = default_config(shape.num_experts, shape.intermediate, shape.hidden, b,
-                                     shape.top_k)
+                inc = heuristic(shape.num_experts, shape.intermediate, shape.hidden, b,
+                                shape.top_k)
                 source = "heuristic"
-            sets = candidates(shape.num_experts, shape.top_k, shape.hidden,
-                              shape.intermediate, t, elt)
+            if fp8:
+                sets = fp8_candidates(shape.num_experts, shape.top_k, shape.hidden,
+                                      shape.intermediate, t)
+            else:
+                sets = candidates(shape.num_experts, shape.top_k, shape.hidden,
+                                  shape.intermediate, t, elt)
             points.append(TunePoint(shape=shape, tokens=t, bucket=b,
                                     mode=point_mode(shape, t, graph_max_tokens), incumbent=inc,
                                     incumbent_source=source, candidate_sets=tuple(sets),
@@ -238,20 +332,33 @@ def compile_configs(point: TunePoint) -> list[ExpertsConfig]:
 
 def merge_entries(data: dict, *, shape: BenchShape, dtype: torch.dtype | str,
                   device_name: str, command: str, date: str, versions: dict[str, str],
-                  winners: dict[int, TunedEntry]) -> dict:
+                  winners: dict[int, TunedEntry],
+                  activation_dtype: torch.dtype | str | None = None) -> dict:
     """``data`` (a config file's JSON) with ``winners`` ({bucket: entry}) merged in: other
     buckets' entries kept, entries sorted by bucket, ``meta`` rewritten (command, date,
-    device, ``versions``, the local shape, dtype) with a history of the last 20 runs.
-    Returns a new dict; ``data`` is not changed."""
+    device, ``versions``, the local shape, dtype, and for fp8 files the ``activations``
+    dtype the kernels were timed with) with a history of the last 20 runs. A file written
+    before histories were kept (no ``history``, e.g. the fp8 sweep's) starts its history with
+    its old writer, so the provenance of the entries kept stays in the file. Returns a new
+    dict; ``data`` is not changed."""
     entries = dict(data.get("entries", {}))
-    hist = list(data.get("meta", {}).get("history", []))
+    old = data.get("meta", {})
+    hist = list(old.get("history", []))
+    if not hist and old.get("command"):
+        hist.append({"command": old["command"], "date": old.get("date"),
+                     "device": old.get("device"),
+                     "T": sorted(e["T"] for e in entries.values() if "T" in e),
+                     **{k: old[k] for k in ("written_by", "torch", "triton") if k in old}})
     hist.append({"command": command, "date": date, "device": device_name,
                  "T": sorted(e.tokens for e in winners.values()), **versions})
     meta = {"written_by": "moerun tune (moerun/backends/triton/tune.py)", "command": command,
             "date": date, "device": device_name, **versions,
             "shape": {"name": shape.name, "S": shape.num_experts, "top_k": shape.top_k,
                       "H": shape.hidden, "I": shape.intermediate},
-            "dtype": dtype_name(dtype), "history": hist[-20:]}
+            "dtype": dtype_name(dtype)}
+    if activation_dtype is not None:
+        meta["activations"] = dtype_name(activation_dtype)
+    meta["history"] = hist[-20:]
     for b, entry in winners.items():
         entries[str(b)] = entry.to_json(date)
     return {"meta": meta, "entries": dict(sorted(entries.items(), key=lambda kv: int(kv[0])))}
