@@ -3,11 +3,11 @@
 A device-run probe (not a benchmark claim) that sets ``MAX_DENSE_ROWS`` in
 ``moerun/backends/triton/dense.py``: per T, graph-replay time per call and host issue time
 per call (sync, then a host clock around one call; median) of ``SharedExpert.add_to`` and of
-``dense.shared_mlp_add`` and ``dense.shared_mlp_add_gemm``, with the floor (weights + activations over the read bandwidth, or
+``dense.shared_mlp_add``, with the floor (weights + activations over the read bandwidth, or
 flops over the matmul rate, measured in the same run) and the relative error against fp64 on
 sampled rows. Usage (GPU)::
 
-    python benchmarks/dense_probe.py [--tokens 1,2,4,8,16,32,64,128,256,1024,4096] [--hidden 7168]
+    python benchmarks/dense_probe.py [--tokens 1,2,4,8,16,32,64,128,256] [--hidden 7168]
                                      [--shared 2048]
 """
 
@@ -32,7 +32,7 @@ def _host_us(fn, n: int = 200) -> float:
 
 
 def main() -> None:
-    from moerun.backends.triton.dense import shared_mlp_add, shared_mlp_add_gemm
+    from moerun.backends.triton.dense import shared_mlp_add
     from moerun.bench.ceilings import measure_run_ceilings
     from moerun.bench.timing import time_graph_replay
     from moerun.shared_expert import SharedExpert
@@ -50,9 +50,8 @@ def main() -> None:
     se = SharedExpert(h, si, gated=False, dtype=dt, device=dev)
     se.load(torch.randn(2 * si, h, device=dev, dtype=dt) * h ** -0.5,
             torch.randn(h, si, device=dev, dtype=dt) * si ** -0.5, None)
-    print(f"{'T':>5} {'floor':>8} {'torch':>8} {'dense':>8} {'gemm':>8} {'dense/torch':>11} "
-          f"{'gemm/torch':>10} {'host torch':>10} {'host dense':>10} {'host gemm':>9} "
-          f"{'err dense':>9}")
+    print(f"{'T':>5} {'floor':>8} {'torch':>8} {'dense':>8} {'dense/torch':>11} "
+          f"{'host torch':>10} {'host dense':>10} {'err dense':>9}")
     for t in (int(v) for v in args.tokens.split(",")):
         n = args.calls_per_graph
         xs = [torch.randn(t, h, device=dev, dtype=dt) for _ in range(n)]
@@ -63,9 +62,6 @@ def main() -> None:
                                                  warmup=3)) * 1e6
         td = statistics.median(time_graph_replay(
             lambda i: shared_mlp_add(xs[i], se.w13, se.w2, rs[i]), n, 20, warmup=3)) * 1e6
-        tg = statistics.median(time_graph_replay(
-            lambda i: shared_mlp_add_gemm(xs[i], se.w13, se.w2, rs[i]), n, 20, warmup=3)) * 1e6
-        hg = _host_us(lambda: shared_mlp_add_gemm(xs[0], se.w13, se.w2, rs[0]))
         ht = _host_us(lambda: se.add_to(rs[0], xs[0]))
         hd = _host_us(lambda: shared_mlp_add(xs[0], se.w13, se.w2, rs[0]))
         rows = slice(0, min(t, 8))
@@ -75,8 +71,8 @@ def main() -> None:
         ref = (torch.nn.functional.silu(gu[:, :si]) * gu[:, si:]) @ se.w2.double().t() \
             + rs[0][rows].double()
         err = float((y - ref).norm() / ref.norm())
-        print(f"{t:5d} {floor:8.1f} {tt:8.1f} {td:8.1f} {tg:8.1f} {td / tt:11.3f} {tg / tt:10.3f} "
-              f"{ht:10.1f} {hd:10.1f} {hg:9.1f} {err:9.2e}", flush=True)
+        print(f"{t:5d} {floor:8.1f} {tt:8.1f} {td:8.1f} {td / tt:11.3f} {ht:10.1f} {hd:10.1f} "
+              f"{err:9.2e}", flush=True)
 
 
 if __name__ == "__main__":

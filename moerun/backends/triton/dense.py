@@ -11,9 +11,6 @@ cuBLAS ones the dearest. These two kernels read every weight byte once, like the
 decode kernels. The shared output is rounded to x.dtype before the add, as the Hugging Face
 blocks round it, so the result matches ``SharedExpert.add_to`` to the GEMM's rounding.
 
-Above :data:`MAX_DENSE_ROWS` rows (compute-bound) :func:`shared_mlp_add_gemm` keeps the
-GEMMs on cuBLAS but issues three ops, not six.
-
 Kernels per T (``dense_config``): ``T == 1`` a GEMV (broadcast-multiply-reduce, no
 tensor-core tile to pad, 8-16 columns per program so the grid has hundreds of programs);
 ``T > 1`` ``tl.dot`` tiles of 16 rows (up to :data:`MAX_DENSE_ROWS`). Only the ungated shared expert (DeepSeek-V3 style)
@@ -36,8 +33,8 @@ from moerun.backends.triton.gate_up import dot_precision
 
 patch_interpreter()
 
-__all__ = ["DenseConfig", "dense_config", "shared_mlp_add", "shared_mlp_add_gemm",
-           "shared_mlp_add_torch", "MAX_DENSE_ROWS"]
+__all__ = ["DenseConfig", "dense_config", "shared_mlp_add", "shared_mlp_add_torch",
+           "MAX_DENSE_ROWS"]
 
 #: Up to this many rows the kernels serve the shared expert; above it cuBLAS does. Measured
 #: on the H200 (``benchmarks/dense_probe.py``, DeepSeek-V3's 7168 x 2048 shared expert,
@@ -189,22 +186,8 @@ def _dense_down_add_kernel(
                  mask=mask)
 
 
-@triton.jit(do_not_specialize=["rows"])
-def _silu_mul_kernel(gu_ptr, act_ptr, rows, inter, stride_gm, stride_am,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < rows)[:, None] & (offs_n < inter)[None, :]
-    g_ptrs = gu_ptr + offs_m[:, None].to(tl.int64) * stride_gm + offs_n[None, :]
-    g = tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(g_ptrs + inter, mask=mask, other=0.0).to(tl.float32)
-    out = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
-    tl.store(out, (g * tl.sigmoid(g) * u).to(act_ptr.dtype.element_ty), mask=mask)
-
-
 _LAUNCH_GATE_UP = FastLauncher(_dense_gate_up_kernel)
 _LAUNCH_DOWN = FastLauncher(_dense_down_add_kernel)
-_LAUNCH_SILU_MUL = FastLauncher(_silu_mul_kernel)
 
 
 # ---------------------------------------------------------------- launcher
@@ -254,34 +237,6 @@ def shared_mlp_add(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  cfg.block_m, cfg.down_n, cfg.block_k, inter % cfg.block_k == 0, prec,
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
-
-
-def shared_mlp_add_gemm(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                        routed: torch.Tensor) -> torch.Tensor:
-    """:func:`shared_mlp_add` for compute-bound sizes: the two GEMMs on the vendor library,
-    three ops in all (``mm``, one Triton ``silu * up`` launch, ``addmm`` adding ``routed`` in
-    the GEMM's epilogue) where the torch form issues six. The shared output is not rounded
-    before the add here (one rounding of the sum: at most one unit in the last place from
-    :func:`shared_mlp_add_torch`). Same arguments and checks; returns a new tensor; current
-    stream; no host sync; capture-safe."""
-    t, h = x.shape
-    two_i = w13.shape[0]
-    inter = two_i // 2
-    if w13.shape != (two_i, h) or two_i % 2 or w2.shape != (h, inter) or \
-            w13.dtype != x.dtype or w2.dtype != x.dtype:
-        raise ValueError(f"w13 {tuple(w13.shape)} {w13.dtype} / w2 {tuple(w2.shape)} "
-                         f"{w2.dtype} do not match x {tuple(x.shape)} {x.dtype}: expected "
-                         f"[2*Is, {h}] and [{h}, Is] in {x.dtype}")
-    if routed.shape != (t, h) or routed.dtype != x.dtype:
-        raise ValueError(f"routed {tuple(routed.shape)} {routed.dtype} must be [{t}, {h}] "
-                         f"{x.dtype}")
-    gu = torch.mm(x, w13.t())
-    act = torch.empty(t, inter, dtype=x.dtype, device=x.device)
-    if t:
-        bm, bn = 4, 256
-        _LAUNCH_SILU_MUL((cdiv(inter, bn), cdiv(t, bm)), gu, act, t, inter, gu.stride(0),
-                         act.stride(0), bm, bn, num_warps=4)
-    return torch.addmm(routed, act, w2.t())
 
 
 # ---------------------------------------------------------------- torch twin

@@ -157,22 +157,15 @@ class TritonExperts(Backend):
         return super().quantize_rows(x, config)
 
     def shared_mlp_add(self, shared_expert, x, routed):
-        """For an ungated shared expert: two launches of ``dense.shared_mlp_add`` up to
+        """Two launches of ``dense.shared_mlp_add`` for an ungated shared expert on up to
         :data:`~moerun.backends.triton.dense.MAX_DENSE_ROWS` rows (decode: the torch form's
-        six ops cost more host time than the GPU spends), else ``dense.shared_mlp_add_gemm``
-        (cuBLAS GEMMs, three ops); the torch form for a gated one."""
-        from moerun.backends.triton.dense import (
-            MAX_DENSE_ROWS,
-            shared_mlp_add,
-            shared_mlp_add_gemm,
-        )
+        six ops cost more host time than the GPU spends); the torch form otherwise."""
+        from moerun.backends.triton.dense import MAX_DENSE_ROWS, shared_mlp_add
 
-        if shared_expert.gate is not None or x.dtype not in _DTYPES or \
-                routed.dtype != x.dtype or x.stride(1) != 1:
-            return super().shared_mlp_add(shared_expert, x, routed)
-        if x.shape[0] <= MAX_DENSE_ROWS:
+        if shared_expert.gate is None and x.shape[0] <= MAX_DENSE_ROWS and \
+                x.dtype in _DTYPES and routed.dtype == x.dtype and x.stride(1) == 1:
             return shared_mlp_add(x, shared_expert.w13, shared_expert.w2, routed)
-        return shared_mlp_add_gemm(x, shared_expert.w13, shared_expert.w2, routed)
+        return super().shared_mlp_add(shared_expert, x, routed)
 
     def fp8_config_for(self, num_slots: int, inter: int, hidden: int, num_tokens: int,
                        top_k: int):
