@@ -179,6 +179,8 @@ def main() -> int:
         print(f"compile: {len(futs) - len(status)} configs still compiling after "
               f"{args.compile_s:.0f} s", flush=True)
     ex.shutdown(wait=False, cancel_futures=True)
+    for proc in list(getattr(ex, "_processes", {}).values()):  # still compiling: stop them,
+        proc.terminate()  # they would share the GPU and the CPU with the timed calls
     n_fail = sum(s.startswith("FAIL") for s in status.values())
     print(f"compiled {len(status)}/{len(tasks)} ({n_fail} failed) in "
           f"{time.time() - t_start:.0f} s", flush=True)
