@@ -50,7 +50,9 @@ CELLS = [
     ("mixtral8x7b", 1024, True), ("qwen3-235b-a22b", 1024, True),
     ("qwen3-30b-a3b", 1024, True), ("deepseek-v3", 1024, True),
 ]
-DTYPE = torch.bfloat16
+#: ``--device cpu`` (a smoke run of this script under ``TRITON_INTERPRET=1``): the tiny shape
+SMOKE_CELLS = [("tiny", 64, False), ("tiny", 200, False)]
+DTYPE = torch.bfloat16  # fp16 in the CPU smoke run (bf16 is wrong under the interpreter)
 CHECK_TOL = 2e-2  # candidate vs current kernels (bf16 outputs, two summation orders)
 
 
@@ -116,6 +118,28 @@ def _task(shape, cfg) -> str:
                        "config": cfg.to_json()}, sort_keys=True)
 
 
+def _precompile(tasks: list[str], workers: int, timeout_s: float) -> dict[str, str]:
+    """``{task: "ok ..." | "FAIL ..."}`` for the tasks compiled within ``timeout_s``."""
+    workers = workers or max(1, min(len(tasks), (os.cpu_count() or 4) - 2))
+    print(f"compiling {len(tasks)} configs on {workers} workers", flush=True)
+    status: dict[str, str] = {}
+    ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+    futs = {ex.submit(_compile_one, task): task for task in tasks}
+    try:
+        for f in cf.as_completed(futs, timeout=timeout_s):
+            try:
+                status[futs[f]] = f.result()
+            except Exception as e:  # noqa: BLE001 -- a crashed worker breaks the pool
+                status[futs[f]] = f"FAIL worker: {type(e).__name__}: {str(e)[:300]}"
+    except cf.TimeoutError:
+        print(f"compile: {len(futs) - len(status)} configs still compiling after "
+              f"{timeout_s:.0f} s", flush=True)
+    ex.shutdown(wait=False, cancel_futures=True)
+    for proc in list(getattr(ex, "_processes", {}).values()):  # still compiling: stop them,
+        proc.terminate()  # they would share the GPU and the CPU with the timed calls
+    return status
+
+
 # ---------------------------------------------------------------- main
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -130,8 +154,14 @@ def main() -> int:
     ap.add_argument("--cells", default="", help="comma list of shape:T (default: all)")
     ap.add_argument("--no-jit", action="store_true",
                     help="skip candidates the parallel compile did not finish")
+    ap.add_argument("--device", default="cuda",
+                    help="cpu: a smoke run on the tiny shape (needs TRITON_INTERPRET=1)")
     args = ap.parse_args()
     t_start = time.time()
+    global DTYPE
+    cpu = args.device == "cpu"
+    if cpu:
+        DTYPE = torch.float16
 
     from moerun.backends.triton import TritonExperts
     from moerun.backends.triton.configs import ConfigTable, bucket_of
@@ -142,12 +172,12 @@ def main() -> int:
     from moerun.env import get_env
     from moerun.testing import rel_err
 
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
-    cells = CELLS
+    cells = SMOKE_CELLS if cpu else CELLS
     if args.cells:
         want = {(c.split(":")[0], int(c.split(":")[1])) for c in args.cells.split(",")}
-        cells = [c for c in CELLS if (c[0], c[1]) in want]
+        cells = [c for c in cells if (c[0], c[1]) in want]
     current = TritonExperts()
     table = ConfigTable(device_name=get_env().device_name)
     plan = []  # (shape, T, graph, tuned choice, candidates)
@@ -164,23 +194,9 @@ def main() -> int:
             task = _task(shape, c)
             if task not in tasks:
                 tasks.append(task)
-    workers = args.workers or max(1, min(len(tasks), (os.cpu_count() or 4) - 2))
-    print(f"compiling {len(tasks)} configs on {workers} workers", flush=True)
     status: dict[str, str] = {}
-    ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
-    futs = {ex.submit(_compile_one, task): task for task in tasks}
-    try:
-        for f in cf.as_completed(futs, timeout=args.compile_s):
-            try:
-                status[futs[f]] = f.result()
-            except Exception as e:  # noqa: BLE001 -- a crashed worker breaks the pool
-                status[futs[f]] = f"FAIL worker: {type(e).__name__}: {str(e)[:300]}"
-    except cf.TimeoutError:
-        print(f"compile: {len(futs) - len(status)} configs still compiling after "
-              f"{args.compile_s:.0f} s", flush=True)
-    ex.shutdown(wait=False, cancel_futures=True)
-    for proc in list(getattr(ex, "_processes", {}).values()):  # still compiling: stop them,
-        proc.terminate()  # they would share the GPU and the CPU with the timed calls
+    if not cpu:
+        status = _precompile(tasks, args.workers, args.compile_s)
     n_fail = sum(s.startswith("FAIL") for s in status.values())
     print(f"compiled {len(status)}/{len(tasks)} ({n_fail} failed) in "
           f"{time.time() - t_start:.0f} s", flush=True)
@@ -188,7 +204,8 @@ def main() -> int:
     # 2. ceilings, measured in this run
     ceil = measure_run_ceilings(dev, DTYPE)
     print(f"ceilings: {ceil.describe()}", flush=True)
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    report = {"device": "cpu" if cpu else torch.cuda.get_device_name(),
+              "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
               "ceilings": {"read_bw": ceil.read_bw, "copy_bw": ceil.copy_bw,
@@ -212,7 +229,8 @@ def main() -> int:
         t_cell = time.time()
         if shape.name not in weights_of:
             weights_of.clear()
-            torch.cuda.empty_cache()
+            if not cpu:
+                torch.cuda.empty_cache()
             weights_of[shape.name] = make_weights(shape, DTYPE, dev, seed=11)
         w = weights_of[shape.name]
         gen = torch.Generator(device=dev).manual_seed(1000 + t)
@@ -230,7 +248,8 @@ def main() -> int:
             if graph:
                 return statistics.median(time_graph_replay(call, n, args.samples,
                                                            warmup=2)) * 1e6
-            return statistics.median(time_samples(call, dev, args.samples, warmup=2)) * 1e6
+            samples = 2 if cpu else args.samples
+            return statistics.median(time_samples(call, dev, samples, warmup=1 if cpu else 2)) * 1e6
 
         cell = {"shape": shape.name, "T": t, "method": "graph" if graph else "eager",
                 "experts_hit": hit, "floor_us": floor.us, "bound": floor.bound,
@@ -257,7 +276,8 @@ def main() -> int:
             be = TritonExperts(ConfigTable(overrides={bucket_of(t): c}))
             try:
                 got = be.run_experts(x, w.w13, w.w2, tw0, ids0)
-                torch.cuda.synchronize()
+                if not cpu:
+                    torch.cuda.synchronize()
                 if cur_out is not None:
                     rec["vs_current"] = rel_err(got, cur_out)
                     if not rec["vs_current"] <= CHECK_TOL:
@@ -267,14 +287,18 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 -- record and go on
                 rec["error"] = f"{type(e).__name__}: {str(e)[:600]}"
                 try:
-                    torch.cuda.synchronize()
-                except Exception:
-                    report["fatal"] = rec["error"]
-                    save()
-                    raise
+                    if not cpu:
+                        torch.cuda.synchronize()
+                except Exception:  # noqa: BLE001 -- a sticky CUDA error: nothing after it runs
+                    report["fatal"] = f"{shape.name} T={t} {c.key()}: {rec['error']}"
+                    break
                 continue
             if best is None or rec["us"] < best[0]:
                 best = (rec["us"], c, be)
+        if "fatal" in report:
+            report["cells"].append(cell)
+            print(f"FATAL (sticky CUDA error, the run stops): {report['fatal']}", flush=True)
+            break
         # correctness vs the fp32 reference on sampled rows
         rows = torch.randperm(t, generator=gen, device=dev)[:32].sort().values
         ref = reference_rows(x[rows], w.w13, w.w2, tw0[rows], ids0[rows], acc=torch.float32)
@@ -335,7 +359,7 @@ def main() -> int:
     report["total_s"] = time.time() - t_start
     save()
     print(f"\ntotal {report['total_s']:.0f} s; wrote {out_path}", flush=True)
-    return 0
+    return 1 if "fatal" in report else 0
 
 
 if __name__ == "__main__":
