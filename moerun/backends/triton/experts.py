@@ -41,7 +41,6 @@ Capture-safe: buffers are sized by static bounds, no device->host sync anywhere 
 
 from __future__ import annotations
 
-import logging
 from typing import ClassVar
 
 import torch
@@ -53,37 +52,11 @@ from moerun.env import Env, get_env
 
 __all__ = ["TritonExperts", "LAUNCHES_PER_CALL"]
 
-log = logging.getLogger("moerun")
-
 #: Kernel launches per ``run_experts`` call (fp32 with the atomic combine: 3).
 LAUNCHES_PER_CALL = 4
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INTERPRETER_DTYPES = (torch.float32, torch.float16)
-
-
-_LOGGED_FALLBACK: set = set()
-
-
-def _persistent_ok(x, w13, w2) -> bool:
-    """TMA takes these operands: 16-byte aligned bases and strides (``H * elt`` and
-    ``I * elt`` multiples of 16; the intermediate is allocated by the call). Host only."""
-    from moerun.backends.triton.persistent import tma_compatible
-
-    elt = x.element_size()
-    return tma_compatible(w13, w2) and (w2.shape[2] * elt) % 16 == 0
-
-
-def _log_fallback(shared: bool, x, w13, w2) -> None:
-    """A persistent config on a call it cannot take: the grouped kernels run (logged once
-    per reason and shape; DESIGN: no silent fallback)."""
-    why = "the fused shared expert" if shared else "strides TMA cannot take"
-    key = (why, tuple(w13.shape), x.dtype)
-    if key not in _LOGGED_FALLBACK:
-        _LOGGED_FALLBACK.add(key)
-        log.warning("moerun: TritonExperts config selects the persistent kernels but the call "
-                    "has %s (w13 %s %s); running the grouped kernels", why,
-                    tuple(w13.shape), x.dtype)
 
 
 class TritonExperts(Backend):
@@ -269,9 +242,11 @@ class TritonExperts(Backend):
         n_shared = 0 if shared is None else shared.num_slots
         cfg = self.config_for(s, inter, h, m, k - n_shared, x.dtype)
         if cfg.kernel == "persistent":
-            if shared is None and _persistent_ok(x, w13, w2):
-                return self._run_persistent(x, w13, w2, weights, ids, cfg)
-            _log_fallback(shared is not None, x, w13, w2)
+            from moerun.backends.triton.persistent import run_persistent
+
+            out = run_persistent(x, w13, w2, weights, ids, cfg, shared=shared)
+            if out is not None:
+                return out  # else: logged once, the grouped kernels below
         atomic = cfg.combine == "atomic"
         acc = torch.empty(m, h, dtype=torch.float32, device=x.device) if atomic else None
         align = moe_align(ids, s + n_shared, cfg.block_m, zero=acc)  # launch 1
@@ -281,22 +256,6 @@ class TritonExperts(Backend):
             return acc if x.dtype == torch.float32 else acc.to(x.dtype)  # launch 4
         y = down(act, w2, align, weights, k, cfg.down, shared=shared)  # launch 3
         return moe_sum(y, ids, s + n_shared)  # launch 4
-
-    @staticmethod
-    def _run_persistent(x, w13, w2, weights, ids, cfg):
-        """The ``kernel="persistent"`` path: align, persistent gate/up (plus the row gather
-        with ``a_tma``), persistent down, ``moe_sum`` -- 4 launches (5); no host sync."""
-        from moerun.backends.triton import persistent
-        from moerun.backends.triton.align import moe_align
-        from moerun.backends.triton.combine import moe_sum
-
-        s, k = w13.shape[0], ids.shape[1]
-        align = moe_align(ids, s, cfg.block_m)  # launch 1
-        act = persistent.gate_up_persistent(x, w13, align, k, cfg.gate_up,
-                                            programs=cfg.programs)  # launch 2
-        y = persistent.down_persistent(act, w2, align, weights, k, cfg.down,
-                                       programs=cfg.programs)  # launch 3
-        return moe_sum(y, ids, s)  # launch 4
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:
         """Aligned ``act`` rows + per-pair rows (or the fp32 sum) + index buffers."""

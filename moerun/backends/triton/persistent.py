@@ -40,6 +40,7 @@ grouped kernels otherwise.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -59,8 +60,11 @@ __all__ = [
     "gate_up_persistent",
     "gather_rows",
     "persistent_programs",
+    "run_persistent",
     "tma_compatible",
 ]
+
+log = logging.getLogger("moerun")
 
 # ---------------------------------------------------------------- constants / config
 GATHER_BLOCK_M = 16
@@ -362,3 +366,41 @@ def down_persistent(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+# ---------------------------------------------------------------- the experts call
+_FALLBACKS_LOGGED: set = set()  # (reason, w13 shape, dtype) already logged; host-only data
+
+
+def run_persistent(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                   topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg,
+                   shared=None) -> torch.Tensor | None:
+    """``TritonExperts.run_experts`` for a ``kernel="persistent"`` config: align, persistent
+    gate/up (plus :func:`gather_rows` with ``a_tma``), persistent down, ``moe_sum`` -- 4
+    launches (5); no host sync; capture-safe.
+
+    Args: as ``run_experts`` after its checks (``topk_weights`` fp32 and ``topk_ids`` int32,
+    both contiguous ``[M, K]``); ``cfg`` the bucket's :class:`ExpertsConfig`.
+
+    Returns ``None`` (logged once per reason and shape; the caller runs the grouped kernels)
+    when the call has the fused shared expert or strides TMA cannot take (``H * elt`` or
+    ``I * elt`` not a multiple of 16, unaligned bases)."""
+    from moerun.backends.triton.align import moe_align
+    from moerun.backends.triton.combine import moe_sum
+
+    elt = x.element_size()
+    ok = shared is None and tma_compatible(w13, w2) and (w2.shape[2] * elt) % 16 == 0
+    if not ok:
+        why = "the fused shared expert" if shared is not None else "strides TMA cannot take"
+        key = (why, tuple(w13.shape), x.dtype)
+        if key not in _FALLBACKS_LOGGED:
+            _FALLBACKS_LOGGED.add(key)
+            log.warning("moerun: TritonExperts config selects the persistent kernels but the "
+                        "call has %s (w13 %s %s); running the grouped kernels", why,
+                        tuple(w13.shape), x.dtype)
+        return None
+    s, k = w13.shape[0], topk_ids.shape[1]
+    align = moe_align(topk_ids, s, cfg.block_m)  # launch 1
+    act = gate_up_persistent(x, w13, align, k, cfg.gate_up, programs=cfg.programs)  # 2
+    y = down_persistent(act, w2, align, topk_weights, k, cfg.down, programs=cfg.programs)  # 3
+    return moe_sum(y, topk_ids, s)  # launch 4
