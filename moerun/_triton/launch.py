@@ -115,18 +115,51 @@ def _prep_function(args: tuple[Any, ...], kinds: tuple[int, ...]) -> Callable[..
     return namespace["prep"]
 
 
-def _direct_launch(compiled: Any) -> tuple[Callable[..., Any] | None, int, int]:
-    """``(launch, cooperative, pdl)`` of the compiled kernel's C launcher when it can be called
-    without Triton's Python wrapper (no global or profile scratch to allocate), else
-    ``(None, 0, 0)``. Tied to Triton 3.6's ``CudaLauncher``; anything else takes the wrapper."""
+def _direct_launch(compiled: Any) -> tuple[Callable[..., Any] | None, int, int, int]:
+    """``(launch, cooperative, pdl, scratch)`` of the compiled kernel's C launcher when it can
+    be called without Triton's Python wrapper (no profile scratch), else ``(None, 0, 0, 0)``;
+    ``scratch``: bytes of global scratch per program (device-side TMA descriptors need it;
+    the launcher allocates it from torch, see :func:`_torch_scratch`). Tied to Triton 3.6's
+    ``CudaLauncher``; anything else takes the wrapper."""
     run = compiled.run
     needed = ("launch", "global_scratch_size", "profile_scratch_size",
               "launch_cooperative_grid", "launch_pdl")
     if not all(hasattr(run, n) for n in needed):
-        return None, 0, 0
-    if run.global_scratch_size or run.profile_scratch_size:
-        return None, 0, 0
-    return run.launch, run.launch_cooperative_grid, run.launch_pdl
+        return None, 0, 0, 0
+    if run.profile_scratch_size or getattr(run, "global_scratch_align", 1) > 256:
+        return None, 0, 0, 0
+    scratch = run.global_scratch_size * getattr(run, "num_ctas", 1)
+    return run.launch, run.launch_cooperative_grid, run.launch_pdl, scratch
+
+
+def _torch_scratch(size: int, alignment: int, stream: Any) -> torch.Tensor:
+    """A Triton allocator: ``size`` bytes from torch's caching allocator on the current
+    stream (its blocks are 512-byte aligned, above any alignment Triton asks for), so the
+    memory is stream-ordered and taken from the graph's pool under capture."""
+    return torch.empty(size, dtype=torch.uint8, device="cuda")
+
+
+class _allocator_scope:
+    """Within it, Triton's launch-time allocator is :func:`_torch_scratch` unless the user
+    set one (``triton.set_allocator``); restored on exit. For the JIT and hook paths, whose
+    launches allocate the scratch through Triton's own wrapper."""
+
+    __slots__ = ("_token", "_var")
+
+    def __enter__(self):
+        from triton.runtime import _allocation
+
+        self._var = getattr(_allocation, "_allocator", None)
+        self._token = None
+        if self._var is not None and hasattr(self._var, "reset") and \
+                isinstance(self._var.get(), _allocation.NullAllocator):
+            self._token = self._var.set(_torch_scratch)
+        return self
+
+    def __exit__(self, *exc):
+        if self._token is not None:
+            self._var.reset(self._token)
+        return False
 
 
 def _hook_active(hook: Any) -> bool:
@@ -185,7 +218,8 @@ class FastLauncher:
             self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
         if _hooks_installed(self._runtime):
-            self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            with _allocator_scope():
+                self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
         device = torch._C._cuda_getDevice()
         prep = self._prep
@@ -201,20 +235,27 @@ class FastLauncher:
         key = (device, num_warps, num_stages, spec)
         entry = self._cache.get(key)
         if entry is None:  # first launch of this specialisation: the JIT path compiles
-            compiled = self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            with _allocator_scope():
+                compiled = self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             if hasattr(compiled, "result"):  # async compilation mode returns a future
                 compiled = compiled.result()
             compiled._init_handles()
-            direct, coop, pdl = _direct_launch(compiled)
-            self._cache[key] = (compiled, direct, coop, pdl)
+            direct, coop, pdl, scratch = _direct_launch(compiled)
+            self._cache[key] = (compiled, direct, coop, pdl, scratch)
             return
-        compiled, direct, coop, pdl = entry
+        compiled, direct, coop, pdl, scratch = entry
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)
         if direct is not None:
-            direct(grid[0], g1, g2, stream, compiled.function, coop, pdl, None, None,
+            # NOTE: per-launch global scratch (device-side TMA descriptors) comes from torch's
+            # caching allocator on this stream: freed after the launch is queued, reused only
+            # by work ordered after it on the stream (what Triton's allocator hook does too)
+            buf = torch.empty(grid[0] * g1 * g2 * scratch, dtype=torch.uint8,
+                              device=device) if scratch else None
+            direct(grid[0], g1, g2, stream, compiled.function, coop, pdl, buf, None,
                    compiled.packed_metadata, None, None, None, *launch_args)
         else:
-            compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
-                         None, None, None, *launch_args)
+            with _allocator_scope():
+                compiled.run(grid[0], g1, g2, stream, compiled.function,
+                             compiled.packed_metadata, None, None, None, *launch_args)

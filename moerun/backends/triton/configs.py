@@ -71,6 +71,12 @@ class GateUpConfig:
     group_m: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    #: persistent kernel only (``ExpertsConfig.kernel == "persistent"``): ``tl.range`` knobs
+    #: of the tile loop, and ``a_tma`` -- gather ``x`` into aligned order first so the A
+    #: operand goes through TMA too (else A rows are gathered by pointer)
+    flatten: bool = False
+    warp_specialize: bool = False
+    a_tma: bool = False
 
     def smem_bytes(self, block_m: int, elt: int) -> int:
         return self.num_stages * (block_m * self.block_k + 2 * self.block_n * self.block_k) * elt
@@ -86,6 +92,9 @@ class DownConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    #: persistent kernel only: ``tl.range`` knobs of the tile loop
+    flatten: bool = False
+    warp_specialize: bool = False
 
     def smem_bytes(self, block_m: int, elt: int) -> int:
         return self.num_stages * (block_m * self.block_k + self.block_n * self.block_k) * elt
@@ -102,12 +111,21 @@ class ExpertsConfig:
             (zeroed inside the alignment launch), then one cast; or ``"reduce"`` -- the down
             kernel writes ``w * y`` as ``[M*K, H]`` rows and a sum kernel adds the K rows.
             ``down.split_k > 1`` forces ``"atomic"``.
+        kernel: ``"grouped"`` -- one program per (block, N tile), ``gate_up.py`` / ``down.py``
+            (every bucket before issue 11, and the default); ``"persistent"`` -- the
+            persistent TMA kernels of ``persistent.py`` for compute-bound buckets (needs
+            ``combine="reduce"``, ``split_k == 1``; falls back to ``"grouped"`` for calls TMA
+            cannot take, e.g. unaligned strides or the fused shared expert, logged once).
+        programs: persistent programs per launch (0: the device's SM count); only with
+            ``kernel="persistent"``.
     """
 
     block_m: int
     gate_up: GateUpConfig
     down: DownConfig
     combine: str = "reduce"
+    kernel: str = "grouped"
+    programs: int = 0
 
     def __post_init__(self):
         if self.block_m not in (16, 32, 64, 128, 256):
@@ -116,21 +134,56 @@ class ExpertsConfig:
             raise ValueError(f"ExpertsConfig.combine={self.combine!r}: use 'atomic' or 'reduce'")
         if self.down.split_k > 1 and self.combine != "atomic":
             raise ValueError("ExpertsConfig: down.split_k > 1 needs combine='atomic'")
+        if self.kernel not in ("grouped", "persistent"):
+            raise ValueError(f"ExpertsConfig.kernel={self.kernel!r}: use 'grouped' or "
+                             "'persistent'")
+        if self.kernel == "persistent" and self.combine != "reduce":
+            raise ValueError("ExpertsConfig: kernel='persistent' needs combine='reduce' (its "
+                             "down kernel writes per-pair rows)")
+        if self.programs < 0 or (self.programs and self.kernel != "persistent"):
+            raise ValueError(f"ExpertsConfig.programs={self.programs!r}: >= 0, and only with "
+                             "kernel='persistent'")
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """A JSON-able dict; the persistent-only fields appear only when not at their
+        defaults, so a grouped config writes exactly what files before them held."""
+        d = dataclasses.asdict(self)
+        for part, cls in (("gate_up", GateUpConfig), ("down", DownConfig)):
+            for f in _PERSISTENT_FIELDS:
+                if f in d[part] and d[part][f] == _field_default(cls, f):
+                    del d[part][f]
+        for f in ("kernel", "programs"):
+            if d[f] == _field_default(ExpertsConfig, f):
+                del d[f]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "ExpertsConfig":
+        """Inverse of :meth:`to_json`; files without ``kernel`` / ``programs`` (every file
+        before issue 11 item 1) load as the grouped kernels."""
         return cls(block_m=int(d["block_m"]), gate_up=GateUpConfig(**d["gate_up"]),
-                   down=DownConfig(**d["down"]), combine=d.get("combine", "reduce"))
+                   down=DownConfig(**d["down"]), combine=d.get("combine", "reduce"),
+                   kernel=d.get("kernel", "grouped"), programs=int(d.get("programs", 0)))
 
     def key(self) -> str:
         """A short stable name (for tables and logs)."""
         g, d = self.gate_up, self.down
-        return (f"m{self.block_m}|gu n{g.block_n}k{g.block_k}g{g.group_m}w{g.num_warps}s{g.num_stages}"
-                f"|dn n{d.block_n}k{d.block_k}g{d.group_m}x{d.split_k}w{d.num_warps}s{d.num_stages}"
-                f"|{self.combine}")
+        key = (f"m{self.block_m}|gu n{g.block_n}k{g.block_k}g{g.group_m}w{g.num_warps}s{g.num_stages}"
+               f"|dn n{d.block_n}k{d.block_k}g{d.group_m}x{d.split_k}w{d.num_warps}s{d.num_stages}"
+               f"|{self.combine}")
+        if self.kernel == "persistent":
+            def flags(c):
+                return "".join(ch for ch, on in (("F", c.flatten), ("W", c.warp_specialize),
+                                                 ("A", getattr(c, "a_tma", False))) if on)
+            key += f"|persistent p{self.programs} gu{flags(g) or '-'} dn{flags(d) or '-'}"
+        return key
+
+
+_PERSISTENT_FIELDS = ("flatten", "warp_specialize", "a_tma")
+
+
+def _field_default(cls, name: str):
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def bucket_of(num_tokens: int) -> int:

@@ -30,6 +30,10 @@ Kernels per T regime (picked per T bucket from tuned JSON, ``configs.py``; H200 
   the blocks of one expert share weight tiles through L2, and the reduce combine (the fp32
   atomics on M*K*H elements measured 2-13 % slower at T=8192).
 
+A bucket whose tuned entry says ``kernel="persistent"`` runs steps 2-3 as the persistent TMA
+kernels of ``persistent.py`` instead (same buffers, same combine; grouped kernels when the call
+has the fused shared expert or strides TMA cannot take). The heuristic never picks them.
+
 Capture-safe: buffers are sized by static bounds, no device->host sync anywhere in
 ``run_experts``; it runs on the current stream. Triton is imported lazily (first call), so
 ``import moerun`` works without it.
@@ -248,6 +252,12 @@ class TritonExperts(Backend):
 
         n_shared = 0 if shared is None else shared.num_slots
         cfg = self.config_for(s, inter, h, m, k - n_shared, x.dtype)
+        if cfg.kernel == "persistent":
+            from moerun.backends.triton.persistent import run_persistent
+
+            out = run_persistent(x, w13, w2, weights, ids, cfg, shared=shared)
+            if out is not None:
+                return out  # else: logged once, the grouped kernels below
         atomic = cfg.combine == "atomic"
         acc = torch.empty(m, h, dtype=torch.float32, device=x.device) if atomic else None
         align = moe_align(ids, s + n_shared, cfg.block_m, zero=acc)  # launch 1
