@@ -77,8 +77,10 @@ def candidates(shape, t, tuned):
         cfg(128, dataclasses.replace(gu, num_stages=4), dataclasses.replace(dn, num_stages=4)),
         cfg(128, dataclasses.replace(gu, flatten=True), dataclasses.replace(dn256,
                                                                            flatten=True)),
-        cfg(128, dataclasses.replace(gu, warp_specialize=True, num_warps=4),
-            dataclasses.replace(dn, warp_specialize=True, num_warps=4)),
+        # NOTE: warp_specialize=True (gate/up with the pointer-gathered A) aborts Triton 3.6's
+        # sm90 compiler (WSLowerToken.cpp assertion, H200 2026-12-01), killing the compile pool
+        cfg(128, dataclasses.replace(gu, a_tma=True, num_stages=4),
+            dataclasses.replace(dn256, num_stages=4)),
     ]
     rows_per_expert = t * shape.top_k / shape.num_experts
     if tuned.block_m < 128 or rows_per_expert < 192:
@@ -135,8 +137,8 @@ def _precompile(tasks: list[str], workers: int, timeout_s: float) -> dict[str, s
         print(f"compile: {len(futs) - len(status)} configs still compiling after "
               f"{timeout_s:.0f} s", flush=True)
     ex.shutdown(wait=False, cancel_futures=True)
-    for proc in list(getattr(ex, "_processes", {}).values()):  # still compiling: stop them,
-        proc.terminate()  # they would share the GPU and the CPU with the timed calls
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):  # still compiling:
+        proc.terminate()  # stop them: they would share the GPU and CPU with the timed calls
     return status
 
 
