@@ -25,6 +25,7 @@ Legend: ``L`` layers, ``E`` logical experts, ``S`` slots, ``W`` window steps, ``
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,8 +232,9 @@ class LayerBalancer:
     """Per-layer hooks (``eplb.hooks.LayerBalancerHooks``). Bound to its layer with
     :meth:`bind`, which ``ConfigurableMoE`` calls at construction.
 
-    State kept across forwards (the layer's, for life): the bound layer, whether statistics
-    are recorded this step, the last migration's event. Nothing per forward."""
+    State kept across forwards (the layer's, for life): the bound layer (a weak reference),
+    whether statistics are recorded this step, the last migration's event. Nothing per
+    forward."""
 
     enabled = True
 
@@ -241,7 +243,13 @@ class LayerBalancer:
         self.layer_idx = layer_idx
         self.num_slots = owner.config.num_slots
         self._recording = not owner.static
-        self._layer: Any = None
+        # NOTE: weak. The layer owns this handle (``layer.balancer``) and the LoadBalancer owns
+        # it too, so a strong reference back would put the layer, and through its Mapping the
+        # caller's process group, in a reference cycle: freed only by a later cyclic garbage
+        # collection, wherever that runs. A poisoned gloo group's destructor blocks until its
+        # pending collective ends (its peers free theirs, or gloo's own timeout), so that
+        # collection stalled an unrelated forward (docs/DECISIONS.md, the fault-path hang).
+        self._layer_ref: weakref.ref | None = None
         self._migration_event: Any = None
 
     # -- binding -------------------------------------------------------------------------
@@ -250,7 +258,8 @@ class LayerBalancer:
 
         Raises ValueError if this handle is already bound to another layer (one handle per
         layer: a shared handle would migrate one layer's weights by the other's placement)."""
-        if self._layer is not None and self._layer is not layer:
+        bound = self._layer
+        if bound is not None and bound is not layer:
             raise ValueError(
                 f"balancer.layer({self.layer_idx}) is already bound to another "
                 "ConfigurableMoE; give each layer its own handle (balancer.layer(i) for layer i)")
@@ -261,7 +270,12 @@ class LayerBalancer:
         if layer.config.num_experts != cfg.num_experts:
             raise ValueError(f"EPLBConfig.num_experts={cfg.num_experts} but the layer has "
                              f"{layer.config.num_experts}")
-        self._layer = layer
+        self._layer_ref = weakref.ref(layer)
+
+    @property
+    def _layer(self) -> Any:
+        """The bound ``ConfigurableMoE``; None before :meth:`bind` or once it was freed."""
+        return None if self._layer_ref is None else self._layer_ref()
 
     def local_experts(self, start: int, end: int) -> list[int]:
         return self.owner.phy2log[self.layer_idx, start:end].tolist()
@@ -306,15 +320,16 @@ class LayerBalancer:
 
         Forwards are collective, so this is rank-identical even when an engine forgets
         ``balancer.step()`` on one rank; the step check then catches that mismatch."""
-        return self._layer.step // self._layer.repeat_count
+        layer = self._layer
+        return layer.step // layer.repeat_count
 
     def done_set_cpu(self, ctx: HookContext) -> None:
         """If this layer is due now: rebalance (collectives on ``ctx.cursor``, host syncs)."""
-        owner = self.owner
-        if owner.static or self._layer is None \
+        owner, layer = self.owner, self._layer
+        if owner.static or layer is None \
                 or not owner.config.is_due(self.layer_idx, self.model_step()):
             return
-        stats = rebalance_layer(self, self._layer, ctx)
+        stats = rebalance_layer(self, layer, ctx)
         if stats is not None:
             owner.migrations.append(stats)
 

@@ -6,7 +6,8 @@
     [done_set] -> strip padding, shared expert, return
 
 ``[quantize]`` only for an FP8 layer (DESIGN 11a): before dispatch where the strategy
-``supports_post_quant_dispatch()`` (fp8 rows plus scales travel), else after it.
+``supports_post_quant_dispatch()`` (fp8 rows plus scales travel), else after it; none on one
+rank with a backend that quantizes inside its kernels (``fuses_activation_quant``).
 
 Stateless: every per-forward value lives in the :class:`~schedulers.context.ForwardContext`
 that :meth:`ExternalCommScheduler.begin` creates; the layer is read through
@@ -208,7 +209,8 @@ class ExternalCommScheduler:
             weights = (ids >= 0).to(torch.float32)
         strategy = ctx.strategy
         quant = layer.config.quant
-        if quant is not None and strategy.supports_post_quant_dispatch():
+        if quant is not None and strategy.supports_post_quant_dispatch() and \
+                not self.backend_quantizes(layer):
             with tracer.phase("quantize", stream=role):  # 4.1 step 5: fp8 rows travel
                 x = layer.backend.quantize_rows(x, quant)
         with tracer.phase("dispatch", stream="comm"):
@@ -239,15 +241,24 @@ class ExternalCommScheduler:
             return ctx.strategy.combine(expert_out, dispatched, async_op=True)
 
     @staticmethod
+    def backend_quantizes(layer: LayerView) -> bool:
+        """An FP8 layer whose rows never travel (one rank) on a backend that quantizes them
+        itself (``fuses_activation_quant``): no ``quantize`` step, the backend gets the
+        activation-dtype rows. Rank-identical (world size and backend class are)."""
+        return layer.mapping.world_size == 1 and type(layer.backend).fuses_activation_quant
+
+    @staticmethod
     def _run_quantized(layer: LayerView, ctx: ForwardContext, dispatched: Any,
                        ids: torch.Tensor, weights: torch.Tensor, role: str) -> torch.Tensor:
         """The FP8 experts of one chunk: the dispatched rows are
         :class:`~moerun.quant.QuantizedRows` under post-quant dispatch; otherwise they are
         activation-dtype rows, quantized first under a ``quantize`` range (4.1 step 5's
-        dispatch-then-quantize order). Then the ``experts`` range. Returns ``[M, H]`` in the
+        dispatch-then-quantize order), or handed over as they are where
+        :meth:`backend_quantizes`. Then the ``experts`` range. Returns ``[M, H]`` in the
         activation dtype. No host sync beyond the backend's."""
         x = dispatched.x
-        if not ctx.strategy.supports_post_quant_dispatch():
+        if not ctx.strategy.supports_post_quant_dispatch() and \
+                not ExternalCommScheduler.backend_quantizes(layer):
             with ctx.tracer.phase("quantize", stream=role):
                 x = layer.backend.quantize_rows(x, layer.config.quant)
         with ctx.tracer.phase("experts", stream=role):

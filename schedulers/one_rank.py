@@ -1,7 +1,8 @@
 """The one-rank straight path of ``ExternalCommScheduler`` (DESIGN 4.1 on one rank).
 
     [checked by the caller] route -> [input-ready wait] -> [router weight on input]
-    -> [quantize] -> experts (+ FUSED shared slots) -> [SEQUENTIAL shared add] -> return
+    -> [quantize, unless the backend fuses it] -> experts (+ FUSED shared slots)
+    -> [SEQUENTIAL shared add] -> return
 
 DESIGN 4.1 run on one rank with ``NoComm``, no enabled balancer and nobody watching the
 ranges, with the steps that are identities there left out: one rank agrees with itself (no
@@ -76,8 +77,10 @@ def forward(layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
         ids = ids.to(torch.int32)
     backend = layer.backend
     if cfg.quant is not None:  # FP8 (DESIGN 11a); never FUSED
-        out = backend.run_experts(backend.quantize_rows(xin, cfg.quant), layer.w13, layer.w2,
-                                  weights, ids, quant=layer.expert_quant)
+        if not type(backend).fuses_activation_quant:  # else: quantized inside its kernels
+            xin = backend.quantize_rows(xin, cfg.quant)
+        out = backend.run_experts(xin, layer.w13, layer.w2, weights, ids,
+                                  quant=layer.expert_quant)
     elif regime is not None and regime.order is _FUSED:
         ids, weights, fused = fused_slots(layer, xin, ids, weights, 0, xin.shape[0])
         return backend.run_experts(xin, layer.w13, layer.w2, weights, ids, shared=fused)

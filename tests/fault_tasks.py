@@ -9,8 +9,10 @@ then leaves the forward.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+import weakref
 
 import torch
 
@@ -151,6 +153,40 @@ def eplb_moves_task(ctx, *, comm: str):
             errs.append(rel_err(out, ref[lo:lo + ROWS]))
             bal.step()
     return {"errs": errs, "moved": [(m.step, m.slots_changed) for m in bal.migrations]}
+
+
+# -- the pool frees each task's group before the next task --------------------------------
+#: Weak references to the groups :func:`group_in_a_cycle_task` left behind (this process).
+_LEFT_GROUPS: list = []
+#: Groups :func:`group_kept_task` keeps alive on purpose (this process).
+_KEPT_GROUPS: list = []
+
+
+def group_in_a_cycle_task(ctx):
+    """Leave this task's group in a reference cycle, as a layer bound to its EPLB handle
+    once did, with the cyclic garbage collector off: only the pool can free it now."""
+    gc.disable()
+    holder = {"group": ctx.group}
+    holder["self"] = holder
+    _LEFT_GROUPS.append(weakref.ref(ctx.group))
+
+
+def group_freed_task(ctx):
+    """Whether the groups :func:`group_in_a_cycle_task` left are gone (read before the
+    collector is turned back on, so no collection in this task can free them)."""
+    freed = [ref() is None for ref in _LEFT_GROUPS]
+    _LEFT_GROUPS.clear()
+    gc.enable()
+    return freed
+
+
+def group_kept_task(ctx):
+    """Keep this task's group alive after the task (the pool reports a ``GroupLeak``)."""
+    _KEPT_GROUPS.append(ctx.group)
+
+
+def drop_kept_groups_task(ctx):
+    _KEPT_GROUPS.clear()
 
 
 # -- rank-inconsistent input and state ----------------------------------------------------

@@ -2,8 +2,10 @@
 
 A session-scoped :class:`WorkerPool` per world size: ranks are spawned once, then configs are
 sent over per-rank queues. Each task gets a fresh gloo group (and a prefixed c10d store), so a
-task that poisons its group leaves the pool usable. A task that exceeds its hard limit kills
-the pool; the next ``run`` respawns it.
+task that poisons its group leaves the pool usable; the group is freed on every rank when the
+next task arrives (a task's reference cycles are collected when it ends; a group it leaves
+referenced is a ``GroupLeak`` failure). A task that exceeds its hard limit kills the pool; the
+next ``run`` respawns it.
 
 Task functions are module-level functions ``fn(ctx: RankContext, **kwargs) -> picklable``;
 they build the unsharded reference from the same seeded global inputs inside the worker and
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import multiprocessing as mp
 import queue
+import sys
 import time
 import traceback
 from typing import Any, Callable
@@ -61,8 +65,14 @@ def _worker(rank: int, world_size: int, host: str, port: int, tasks: Any, result
                           timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=dist.PrefixStore("default", store), rank=rank,
                             world_size=world_size)
+    group = None
     while True:
         item = tasks.get()
+        # NOTE: the previous task's group goes here, once every rank has reported that task
+        # (the parent sent the next item), at the same point on every rank; not at the end of
+        # the task, where a rank that closed its layer must keep its group open while its
+        # peers still wait in the forward (they read its marker in the store).
+        group = None
         if item is None:
             break
         task_id, fn, kwargs = item
@@ -80,6 +90,24 @@ def _worker(rank: int, world_size: int, host: str, port: int, tasks: Any, result
                 dist.destroy_process_group(group)
             except Exception:
                 pass
+            del ctx
+            # NOTE: destroy_process_group only unregisters a gloo group; it closes its
+            # connections when its last reference goes, and its destructor blocks until its
+            # pending collective ends: after a fault, until the peers have freed theirs or
+            # gloo's own timeout (HARD_KILL_S). A group the task left in a reference cycle
+            # was freed by whichever later garbage collection found it, inside another task,
+            # while the peers' groups were still alive: that task stalled for up to
+            # HARD_KILL_S (the fault-path hang, docs/DECISIONS.md). So collect the cycles now
+            # (`group` keeps the group itself alive until the next item), and refuse a
+            # group something else still holds.
+            if sys.getrefcount(group) > 2:  # `group` and the argument: nothing else
+                gc.collect()
+            if sys.getrefcount(group) > 2:
+                out = ("err", TaskFailure(
+                    rank=rank, exc_type="GroupLeak", traceback="",
+                    message=f"{fn.__name__} left its process group referenced after it "
+                            "returned (a global, a thread or its result holds it); its peers' "
+                            "pending collectives would wait on it: drop the reference"))
         results.put((task_id, rank, out))
     dist.destroy_process_group()
 

@@ -3,7 +3,9 @@ routing, due steps, windows, metrics, load files, static placement, migration pl
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -159,3 +161,36 @@ def test_bind_checks_topology():
     cfg = MoEConfig(num_experts=4, top_k=1, hidden_size=8, intermediate_size=8)
     with pytest.raises(ValueError, match="num_ranks=2 but the layer's group has 1 ranks"):
         ConfigurableMoE(cfg, balancer=bal.layer(0))
+
+
+def test_a_bound_layer_is_freed_by_reference_counting():
+    # The handle holds its layer weakly: a strong reference back (layer.balancer -> handle ->
+    # layer) kept the layer, and through its Mapping the caller's process group, alive until
+    # some later cyclic garbage collection; a poisoned gloo group then stalled that collection
+    # for up to the group's timeout (the fault-matrix hang, docs/DECISIONS.md).
+    bal = LoadBalancer(EPLBConfig(num_layers=1, num_experts=4, num_slots=6, num_ranks=1,
+                                  window_size=2, rebalance_interval=2))
+    cfg = MoEConfig(num_experts=4, top_k=1, hidden_size=8, intermediate_size=8)
+    case = make_case(cfg, 10, 2)
+    handle = bal.layer(0)
+    enabled = gc.isenabled()
+    gc.disable()  # only reference counting may free it
+    try:
+        layer = ConfigurableMoE(cfg, balancer=handle, layer_idx=0)
+        layer.load_weights(case.w13, case.w2)
+        for step in range(2):  # the second forward rebalances
+            layer(case.x[5 * step:5 * step + 5], case.logits[5 * step:5 * step + 5])
+            bal.step()
+        assert len(bal.migrations) == 1
+        layer.close()
+        freed = weakref.ref(layer)
+        del layer
+        assert freed() is None
+    finally:
+        if enabled:
+            gc.enable()
+    # the handle outlives its layer: it may be bound again, and a freed layer is not
+    # "another ConfigurableMoE"
+    with ConfigurableMoE(cfg, balancer=handle, layer_idx=0) as again:
+        again.load_weights(case.w13, case.w2)
+        again(case.x[:5], case.logits[:5])

@@ -99,6 +99,30 @@ def test_fault_matrix(pools, case):
     assert all(r["err"] < FP32 for r in nxt), nxt
 
 
+# ------------------------------------------------------------------ the pool frees each group
+
+def test_a_group_left_in_a_reference_cycle_is_freed_before_the_next_task(pools):
+    # A gloo group is freed with its last reference, and its destructor blocks until its
+    # pending collective ends. A poisoned layer's group, left in a reference cycle, used to be
+    # freed by some later garbage collection inside another task, which then waited on the
+    # peers' groups (alive, connections open) until gloo's timeout: the
+    # eplb.migrate-exit-alltoall-eplb-r0 case timed out that way. The pool collects a task's
+    # cycles when it ends and frees its group when the next task arrives, on every rank.
+    pool = pools(3)
+    pool.run(fault_tasks.group_in_a_cycle_task)
+    assert pool.run(fault_tasks.group_freed_task) == [[True]] * 3
+
+
+def test_a_group_kept_after_its_task_is_reported(pools):
+    pool = pools(3)
+    results = pool.run(fault_tasks.group_kept_task, allow_errors=True)
+    pool.run(fault_tasks.drop_kept_groups_task)
+    for res in results:
+        assert isinstance(res, TaskFailure) and res.exc_type == "GroupLeak", res
+        assert re.search(r"group_kept_task left its process group referenced after it "
+                         r"returned .*: drop the reference", res.message), res
+
+
 # ------------------------------------------------------------------ rank inconsistency
 
 BAD = 1

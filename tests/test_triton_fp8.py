@@ -138,6 +138,25 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
          empty=list(be.run_experts(quantize_rows(x[:0]), w13, w2, weights[:0], ids[:0],
                                    quant=eq).shape))
 
+    # the whole FP8 layer on one rank: the backend quantizes inside its kernels, so the
+    # schedule has no `quantize` range, and the output meets DESIGN 11a's bound
+    from moerun import ConfigurableMoE, MoEConfig
+    from moerun.testing import make_case, reference_output, rel_err
+    from traces import ScheduleRecorder
+
+    for t in (9, 150):  # decode (block_m 16: in-register quantization) and prefill sizes
+        lcfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128,
+                         quant=QuantConfig())
+        case = make_case(lcfg, t, seed=3)
+        rec = ScheduleRecorder()
+        with ConfigurableMoE(lcfg, backend="triton", recorder=rec) as layer:
+            layer.load_weights(case.w13, case.w2, w13_scale=case.w13_scale,
+                               w2_scale=case.w2_scale)
+            out = layer(case.x, case.logits)
+            emit(kind="layer", tokens=t, backend=layer.report.backend,
+                 err=rel_err(out, reference_output(lcfg, case)),
+                 phases=[e.phase for e in rec.events])
+
     # errors name the argument
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.fp8 import gate_up_fp8
@@ -191,6 +210,15 @@ def test_fp8_through_backend_and_fused_experts(report):
     r = _rows(report, "api")[0]
     assert r["err_backend"] <= 1e-5 and r["err_functional"] <= 1e-5, r
     assert r["source"] == "heuristic" and r["empty"] == [0, 256], r
+
+
+def test_fp8_layer_on_one_rank_quantizes_inside_the_kernels(report):
+    rows = _rows(report, "layer")
+    assert [r["tokens"] for r in rows] == [9, 150]
+    for r in rows:
+        assert r["backend"] == "triton" and r["err"] <= 1e-5, r  # fp32 out: same math
+        assert r["phases"] == ["chunk", "route", "dispatch", "dispatch.wait", "experts",
+                               "combine", "combine.wait"], r
 
 
 def test_fp8_kernel_errors_name_the_argument(report):

@@ -69,6 +69,10 @@ class Backend(abc.ABC):
             ExpertQuant`): e4m3 weights with fp32 per-block scales and already quantized
             rows (DESIGN 11a). ``resolve`` rejects a backend without it for a quantized layer
             (:func:`backend_eligibility`, reason ``QUANT``).
+        fuses_activation_quant: with ``quant=``, ``run_experts`` also takes activation-dtype
+            rows and quantizes them itself, identically to :meth:`quantize_rows` (fused into
+            its first kernel where it can); the scheduler then skips its ``quantize`` step
+            where no rows travel (one rank).
     """
 
     name: ClassVar[str]
@@ -76,6 +80,7 @@ class Backend(abc.ABC):
     supports_non_divisible_ep: ClassVar[bool] = False
     supports_fused_shared: ClassVar[bool] = False
     supports_fp8_block: ClassVar[bool] = False
+    fuses_activation_quant: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod

@@ -49,6 +49,7 @@ from moerun.backends.base import Backend
 from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.config import Activation
 from moerun.env import Env, get_env
+from moerun.quant import QuantizedRows
 
 __all__ = ["TritonExperts", "LAUNCHES_PER_CALL"]
 
@@ -71,6 +72,7 @@ class TritonExperts(Backend):
     supports_non_divisible_ep: ClassVar[bool] = True  # it only ever sees local slots
     supports_fused_shared: ClassVar[bool] = True
     supports_fp8_block: ClassVar[bool] = True  # fp8.py; CUDA sm89+ or the interpreter
+    fuses_activation_quant: ClassVar[bool] = True  # decode: in the gate/up kernel's registers
 
     def __init__(self, configs=None):
         self._configs = configs
@@ -191,11 +193,12 @@ class TritonExperts(Backend):
         if shared is not None:
             raise ValueError("the FUSED shared-expert order does not combine with fp8 "
                              "experts (the shared expert is not quantized); use another order")
-        m, h = x.shape
+        xd = x.data if isinstance(x, QuantizedRows) else x  # float rows: quantized in-kernel
+        m, h = xd.shape
         s, two_i, _ = w13.shape
         k = topk_ids.shape[1]
         if m == 0 or k == 0 or s == 0:
-            return torch.zeros(m, h, dtype=quant.out_dtype, device=x.data.device)
+            return torch.zeros(m, h, dtype=quant.out_dtype, device=xd.device)
         ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
         if not ids.is_contiguous():
             ids = ids.contiguous()
@@ -211,8 +214,10 @@ class TritonExperts(Backend):
     def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None, *, quant=None):
         """See :meth:`Backend.run_experts`. 4 launches (module docstring); no host sync.
 
-        With ``quant`` (``x`` a :class:`~moerun.quant.QuantizedRows`): the fp8 block-scaled
-        kernels of ``fp8.py`` (4 launches; the intermediate travels in fp8 at prefill sizes).
+        With ``quant`` (``x`` a :class:`~moerun.quant.QuantizedRows`, or activation-dtype rows:
+        ``fuses_activation_quant``): the fp8 block-scaled kernels of ``fp8.py`` (4 launches;
+        float rows are quantized in the gate/up kernel at decode sizes and by one more launch
+        at prefill sizes; the intermediate travels in fp8 at prefill sizes).
 
         With ``shared`` (the ``FUSED`` order) the alignment covers ``S + n`` slots and the two
         GEMMs read the shared slots from the shared expert's own tensors; the tile config is
