@@ -15,6 +15,8 @@ case. Cases, smallest first:
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -230,12 +232,25 @@ def test_config_validation_messages():
         ExpertsConfig(block_m=64, gate_up=gu, down=dn, programs=8)
 
 
-def test_shipped_files_load_as_grouped():
+def test_shipped_files_load_and_persistent_entries_are_measured():
+    """Every shipped entry loads; an entry without a ``kernel`` field is the grouped kernel;
+    a persistent one is a bf16 prefill entry (reduce combine) whose provenance names the
+    probe that measured it."""
     from moerun.backends.triton.configs import CONFIG_DIR, load_config_file
 
+    persistent = []
     for f in sorted(CONFIG_DIR.glob("*.json")):
         _, entries = load_config_file(f)
-        assert all(c.kernel == "grouped" for c in entries.values()), f
+        raw = json.loads(f.read_text())["entries"]
+        for bucket, cfg in entries.items():
+            entry = raw[str(bucket)]
+            if "kernel" not in entry["config"]:
+                assert cfg.kernel == "grouped", (f.name, bucket)
+            if cfg.kernel == "persistent":
+                persistent.append((f.name, bucket))
+                assert "bfloat16" in f.name and cfg.combine == "reduce", (f.name, bucket)
+                assert "persistent_probe" in entry.get("source", ""), (f.name, bucket)
+    assert ("S8_N14336_K4096_bfloat16_NVIDIA_H200.json", 8192) in persistent
 
 
 # ---------------------------------------------------------------- GPU (bf16)
