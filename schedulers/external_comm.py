@@ -80,8 +80,9 @@ class ExternalCommScheduler:
         cursor = CollectiveCursor(step=layer.step)
         counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
                                    use_dp_padding=use_dp_padding)
-        if one_rank.applies(layer, counts[0]):  # the host-lean path, same result
-            return one_rank.forward(layer, x, router_logits, input_ready_event)
+        straight = one_rank.applies(layer, counts[0])
+        if straight is not None:  # the host-lean path, same result
+            return one_rank.forward(layer, x, router_logits, straight, input_ready_event)
         ctx = self.planned(layer, x, router_logits, counts, cursor,
                            use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
         return drive(self.steps(layer, ctx))

@@ -14,11 +14,13 @@ no profiler). What remains is the device work in 4.1's order. A decode step is h
 result is the general path's, bit for bit (tests compare the two).
 
 :func:`applies` decides, from the layer and this forward's token count only (rank-local,
-which is fine: there is one rank); anything else takes the general generator path. Stateless.
+which is fine: there is one rank), and hands :func:`forward` its :class:`Straight`;
+anything else takes the general generator path. Stateless.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,44 +30,52 @@ from moerun.shared_expert import SharedExpertOrder, SharedRegime
 from schedulers.shared import fused_slots
 from traces import ranges_silent
 
-__all__ = ["applies", "forward"]
+__all__ = ["Straight", "applies", "forward"]
 
 _SEQ, _FUSED = SharedExpertOrder.SEQUENTIAL, SharedExpertOrder.FUSED
 
 
-def regime_for(layer: Any, num_tokens: int) -> SharedRegime | None:
-    """The shared-expert regime of a forward of ``num_tokens`` rows (None: no shared expert),
-    eager or under CUDA-graph capture. Host only."""
-    schedule = layer.report.shared_schedule
-    if schedule is None:
-        return None
-    capturing = layer.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    return schedule.pick(num_tokens, capturing=capturing)
+@dataclass(frozen=True, slots=True)
+class Straight:
+    """A forward that takes this path, and its shared-expert regime (None: no shared
+    expert; else ``SEQUENTIAL`` or ``FUSED`` without an SM partition)."""
+
+    regime: SharedRegime | None
 
 
-def applies(layer: Any, num_tokens: int) -> bool:
-    """Whether a forward of ``num_tokens`` rows (already validated) takes this path: one
-    rank, ``NoComm``, no enabled balancer, ranges silent, one chunk, and a shared expert
-    (if any) run ``SEQUENTIAL`` or ``FUSED`` without an SM partition. Reads the layer's
-    build-time choices, ``num_tokens`` and whether ranges are watched; no host sync."""
+_NO_SHARED = Straight(regime=None)
+
+
+def applies(layer: Any, num_tokens: int) -> Straight | None:
+    """Whether a forward of ``num_tokens`` rows (already validated) takes this path (one
+    rank, ``NoComm``, no enabled balancer, ranges silent, one chunk, and a shared expert, if
+    any, run ``SEQUENTIAL`` or ``FUSED`` without an SM partition, eager or under capture):
+    its :class:`Straight`, or None for the general path. Reads the layer's build-time
+    choices, ``num_tokens``, whether a graph is being captured and whether ranges are
+    watched; no host sync."""
     if layer.mapping.world_size != 1 or type(layer.strategy) is not NoComm \
             or layer.balancer.enabled or not ranges_silent(layer.recorder):
-        return False
+        return None
     cap = layer.config.max_num_tokens
     if cap is not None and num_tokens > cap:
-        return False  # chunked
-    regime = regime_for(layer, num_tokens)
-    # NOTE: the other orders put the shared MLP on a side stream; the general path orders it
-    return regime is None or (regime.partition_sms is None and regime.order in (_SEQ, _FUSED))
+        return None  # chunked
+    schedule = layer.report.shared_schedule
+    if schedule is None:
+        return _NO_SHARED
+    capturing = layer.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    regime = schedule.pick(num_tokens, capturing=capturing)
+    if regime.partition_sms is not None or regime.order not in (_SEQ, _FUSED):
+        return None  # NOTE: the other orders use a side stream; the general path orders it
+    return Straight(regime=regime)
 
 
-def forward(layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
+def forward(layer: Any, x: torch.Tensor, router_logits: torch.Tensor, straight: Straight,
             input_ready_event: Any) -> torch.Tensor:
     """``x [T, H]``, ``router_logits [T, E]`` -> ``[T, H]`` in x.dtype, for a forward that
-    :func:`applies` to (inputs already checked). Kernels on the current stream; no
-    collective; no host sync beyond the backend's; graph-safe."""
+    :func:`applies` returned ``straight`` for (inputs already checked). Kernels on the
+    current stream; no collective; no host sync beyond the backend's; graph-safe."""
     cfg = layer.config
-    regime = regime_for(layer, x.shape[0])
+    regime = straight.regime
     weights, ids = layer.router(router_logits, valid_rows=x.shape[0])
     if input_ready_event is not None:
         input_ready_event.wait()  # 4.2: just before x is first read
