@@ -29,6 +29,21 @@ def run_worker(path: str, *, timeout: float) -> list[dict]:
     return rows
 
 
+def emit(**row) -> None:
+    """Worker side: print one report line (a JSON object) for :func:`run_worker` to read."""
+    print(json.dumps(row), flush=True)
+
+
+def rel(a, b) -> float:
+    """``||a - b|| / ||b||`` in fp64; nan when ``a`` has a non-finite value; the plain
+    ``||a - b||`` when ``b`` is all zeros (0.0 for empty tensors)."""
+    a, b = a.double(), b.double()
+    if not bool(a.isfinite().all()):
+        return float("nan")
+    d = b.norm().item()
+    return (a - b).norm().item() / (d if d > 0 else 1.0)
+
+
 def rows_of(report: list[dict], kind: str) -> list[dict]:
     """The report's rows of ``kind`` (at least one)."""
     rows = [r for r in report if r["kind"] == kind]

@@ -8,12 +8,11 @@ does), so the bound is the dtype's rounding, not the summation order.
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
-from tests.interp_worker import rows_of, run_worker
+from tests.interp_worker import emit, rel, rows_of, run_worker
 
 
 def _mlp_add_fp64(x, w13, w2, routed):
@@ -24,12 +23,6 @@ def _mlp_add_fp64(x, w13, w2, routed):
     return (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]) @ w2.double().t() \
         + routed.double()
 
-
-def _rel(a, b):
-    if b.numel() == 0:
-        return 0.0
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp(min=1e-30))
 
 
 def _problem(t, h, i, dtype, seed, device="cpu"):
@@ -50,9 +43,6 @@ def _worker() -> None:
     from moerun.testing import make_case, reference_output, rel_err
     from traces import ScheduleRecorder
 
-    def emit(**row):
-        print(json.dumps(row), flush=True)
-
     configs = {"default": None,
                "gemv": DenseConfig(block_m=1, gate_up_n=8, down_n=16, block_k=64),
                "dot": DenseConfig(block_m=16, gate_up_n=16, down_n=32, block_k=64)}
@@ -67,8 +57,8 @@ def _worker() -> None:
                     y = shared_mlp_add(x, w13, w2, routed, cfg)
                     emit(kind="dense", dtype=str(dtype), t=t, h=h, i=i, cfg=name,
                          shape=list(y.shape), out_dtype=str(y.dtype),
-                         err_fp64=_rel(y, _mlp_add_fp64(x, w13, w2, routed)),
-                         err_twin=_rel(y, shared_mlp_add_torch(x, w13, w2, routed)),
+                         err_fp64=rel(y, _mlp_add_fp64(x, w13, w2, routed)),
+                         err_twin=rel(y, shared_mlp_add_torch(x, w13, w2, routed)),
                          routed_untouched=bool(torch.equal(routed, routed_before)))
 
     # the backend method: the kernels for an ungated expert, the torch form for a gated one
@@ -78,7 +68,7 @@ def _worker() -> None:
         se = SharedExpert(128, 64, gated=gated, dtype=torch.float32)
         se.load(w13, w2, torch.randn(1, 128) if gated else None)
         y = backend.shared_mlp_add(se, x, routed)
-        emit(kind="backend", gated=gated, err_add_to=_rel(y, se.add_to(routed, x)),
+        emit(kind="backend", gated=gated, err_add_to=rel(y, se.add_to(routed, x)),
              equal_add_to=bool(torch.equal(y, se.add_to(routed, x))))
 
     # errors name the argument
@@ -160,7 +150,7 @@ def test_dense_kernels_on_cuda_bf16_and_capture(tokens):
 
     x, w13, w2, routed = _problem(tokens, 2048, 1024, torch.bfloat16, 7, device="cuda")
     y = shared_mlp_add(x, w13, w2, routed)
-    assert _rel(y.cpu(), _mlp_add_fp64(x.cpu(), w13.cpu(), w2.cpu(), routed.cpu())) <= 1e-2
+    assert rel(y.cpu(), _mlp_add_fp64(x.cpu(), w13.cpu(), w2.cpu(), routed.cpu())) <= 1e-2
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -10,13 +10,12 @@ inputs).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.interp_worker import rows_of, run_worker
+from tests.interp_worker import emit, rel, rows_of, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,13 +35,6 @@ def _fp32_moe(x, w13, w2, weights, ids):
             out[t] += float(weights[t, j]) * (w2[e].double() @ a)
     return out
 
-
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    if not torch.isfinite(a).all():
-        return float("nan")
-    d = b.norm().item()
-    return (a - b).norm().item() / (d if d > 0 else 1.0)
 
 
 def _problem(m, k, s, h, i, seed, device="cpu", empty_row=True):
@@ -68,9 +60,6 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
     from moerun.backends.triton.fp8 import quantize_rows_fp8, run_experts_fp8
     from moerun.quant import QuantConfig, dequantize_weight_blocks, quantize_rows, \
         reference_fp8_moe
-
-    def emit(**kw):
-        print(json.dumps(kw), flush=True)
 
     # quantize: codes and scales equal the torch definition bit for bit
     g = torch.Generator().manual_seed(1)
@@ -117,7 +106,7 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
                                         out_dtype=out_dtype)
                 out = run_experts_fp8(xin, w13, w2, s13, s2, weights, ids, cfg, out_dtype)
                 emit(kind="experts", name=f"{name}/{out_dtype}/{'prequant' if pre else 'fused'}",
-                     dtype=str(out_dtype), err_ref=_rel(out, ref), err_unq=_rel(out, unq),
+                     dtype=str(out_dtype), err_ref=rel(out, ref), err_unq=rel(out, unq),
                      out_dtype=str(out.dtype), shape=list(out.shape),
                      padded_row_zero=bool((out[2] == 0).all()) if m > 3 else True)
 
@@ -133,7 +122,7 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
     ref = reference_fp8_moe(q, w13, s13, w2, s2, weights, ids, QuantConfig())
     out_be = be.run_experts(q, w13, w2, weights, ids, quant=eq)
     out_fn = moerun.fused_experts(x, w13, w2, weights, ids, quant=eq, backend="triton")
-    emit(kind="api", err_backend=_rel(out_be, ref), err_functional=_rel(out_fn, ref),
+    emit(kind="api", err_backend=rel(out_be, ref), err_functional=rel(out_fn, ref),
          source=be.fp8_config_source(4, 256, 256, 13, 2),
          empty=list(be.run_experts(quantize_rows(x[:0]), w13, w2, weights[:0], ids[:0],
                                    quant=eq).shape))
@@ -257,8 +246,8 @@ def test_fp8_kernels_on_cuda(bm, gu_n, combine, split):
     for xin in (xb, a):
         out = run_experts_fp8(xin, w13, w2, s13, s2, weights, ids, cfg, torch.bfloat16)
         assert out.dtype == torch.bfloat16
-        assert _rel(out, ref) <= 1e-2
-        assert _rel(out.cpu(), unq) <= 6e-2
+        assert rel(out, ref) <= 1e-2
+        assert rel(out.cpu(), unq) <= 6e-2
         assert (out[2] == 0).all()
 
 

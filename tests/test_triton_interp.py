@@ -13,7 +13,6 @@ it prints one JSON line per case); the tests below read its report. Grids stay s
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.interp_worker import rows_of, run_worker
+from tests.interp_worker import emit, rel, rows_of, run_worker
 
 from moerun.backends.base import Deployment, Problem, RejectReason
 from moerun.config import Activation
@@ -46,16 +45,6 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
     from moerun.backends.triton.down import down, down_torch
     from moerun.backends.triton.experts import TritonExperts
     from moerun.backends.triton.gate_up import gate_up, gate_up_torch
-
-    def emit(**kw):
-        print(json.dumps(kw), flush=True)
-
-    def rel(a, b):
-        a, b = a.double(), b.double()
-        if not torch.isfinite(a).all():
-            return float("nan")
-        d = b.norm().item()
-        return (a - b).norm().item() / (d if d > 0 else 1.0)
 
     def segments(al):
         """{slot: sorted pair ids} over used blocks, plus per-block slot list."""

@@ -20,7 +20,7 @@ import json
 import pytest
 import torch
 
-from tests.interp_worker import rows_of, run_worker
+from tests.interp_worker import emit, rel, rows_of, run_worker
 
 # same math as the grouped kernels: kernel-vs-twin and backend-vs-fp64 bounds of
 # test_triton_interp (fp16: rounding of the fp16 intermediate)
@@ -29,7 +29,6 @@ TOL = {"float32": 1e-5, "float16": 2e-3}
 
 # ---------------------------------------------------------------- the worker (subprocess)
 def _worker() -> None:  # pragma: no cover -- runs in the subprocess
-    import json
     import time
 
     from moerun.backends.base import FusedShared
@@ -45,16 +44,6 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
     from moerun.backends.triton.experts import TritonExperts
     from moerun.backends.triton.gate_up import gate_up_torch
     from moerun.backends.triton.persistent import down_persistent, gate_up_persistent
-
-    def emit(**kw):
-        print(json.dumps(kw), flush=True)
-
-    def rel(a, b):
-        a, b = a.double(), b.double()
-        if not torch.isfinite(a).all():
-            return float("nan")
-        d = b.norm().item()
-        return (a - b).norm().item() / (d if d > 0 else 1.0)
 
     g = torch.Generator().manual_seed(4321)
 
