@@ -44,6 +44,18 @@ def rel(a, b) -> float:
     return (a - b).norm().item() / (d if d > 0 else 1.0)
 
 
+def value_errors(*calls) -> list[str | None]:
+    """Worker side: each call's ValueError message, or None where it raised nothing."""
+    msgs: list[str | None] = []
+    for call in calls:
+        try:
+            call()
+            msgs.append(None)
+        except ValueError as e:
+            msgs.append(str(e))
+    return msgs
+
+
 def rows_of(report: list[dict], kind: str) -> list[dict]:
     """The report's rows of ``kind`` (at least one)."""
     rows = [r for r in report if r["kind"] == kind]

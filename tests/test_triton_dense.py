@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.interp_worker import emit, rel, rows_of, run_worker
+from tests.interp_worker import emit, rel, rows_of, run_worker, value_errors
 
 
 def _mlp_add_fp64(x, w13, w2, routed):
@@ -73,16 +73,10 @@ def _worker() -> None:
 
     # errors name the argument
     x, w13, w2, routed = _problem(2, 128, 64, torch.float32, 5)
-    msgs = []
-    for bad in (lambda: shared_mlp_add(x, w13[:, :64], w2, routed),
-                lambda: shared_mlp_add(x, w13, w2, routed[:, :64]),
-                lambda: shared_mlp_add(x, w13.half(), w2, routed)):
-        try:
-            bad()
-            msgs.append(None)
-        except ValueError as e:
-            msgs.append(str(e))
-    emit(kind="errors", msgs=msgs)
+    emit(kind="errors", msgs=value_errors(
+        lambda: shared_mlp_add(x, w13[:, :64], w2, routed),
+        lambda: shared_mlp_add(x, w13, w2, routed[:, :64]),
+        lambda: shared_mlp_add(x, w13.half(), w2, routed)))
 
     # the layer (TritonExperts + Triton router, a SEQUENTIAL shared expert): the one-rank path
     # and the general path (a recorder attached) against the fp64 reference

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.interp_worker import emit, rel, rows_of, run_worker
+from tests.interp_worker import emit, rel, rows_of, run_worker, value_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,20 +152,11 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
 
     x, w13, s13, w2, s2, weights, ids = _problem(4, 2, 3, 128, 128, seed=3)
     al = moe_align(ids, 3, 16)
-    msgs = []
-    for bad in (lambda: quantize_rows_fp8(torch.randn(2, 100)),
-                lambda: gate_up_fp8(x, w13, s13[:, :1], al, 2, GateUpConfig(block_n=64,
-                                                                          block_k=128),
-                                    torch.float32),
-                lambda: gate_up_fp8(x, w13.float(), s13, al, 2, GateUpConfig(block_n=64,
-                                                                             block_k=128),
-                                    torch.float32)):
-        try:
-            bad()
-            msgs.append(None)
-        except ValueError as e:
-            msgs.append(str(e))
-    emit(kind="errors", msgs=msgs)
+    tile = GateUpConfig(block_n=64, block_k=128)
+    emit(kind="errors", msgs=value_errors(
+        lambda: quantize_rows_fp8(torch.randn(2, 100)),
+        lambda: gate_up_fp8(x, w13, s13[:, :1], al, 2, tile, torch.float32),
+        lambda: gate_up_fp8(x, w13.float(), s13, al, 2, tile, torch.float32)))
 
 
 @pytest.fixture(scope="module")
