@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 
 def _host_us(fn, n: int = 200) -> float:
-    out = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(out)
+    """Median host µs of ``fn()`` issued with an idle device queue."""
+    from moerun.bench.timing import host_issue_samples
+
+    dev = torch.device("cuda")
+    return statistics.median(host_issue_samples(lambda i: fn(), dev, n, warmup=0)) * 1e6
 
 
 def main() -> None:

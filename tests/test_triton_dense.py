@@ -61,6 +61,32 @@ def _worker() -> None:
                          err_twin=rel(y, shared_mlp_add_torch(x, w13, w2, routed)),
                          routed_untouched=bool(torch.equal(routed, routed_before)))
 
+    # silu * up as one launch, and the cuBLAS form around it (rows above MAX_DENSE_ROWS)
+    from moerun.backends.triton.dense import shared_mlp_add_gemm, silu_mul, silu_mul_torch
+
+    for dtype in (torch.float32, torch.float16):
+        for t, i in ((0, 64), (1, 80), (37, 64), (3, 1500)):  # 1500: two programs per row
+            seed += 1
+            g = torch.Generator().manual_seed(seed)
+            hh = (torch.randn(t, 2 * i, generator=g) * 3).to(dtype)
+            got = silu_mul(hh)
+            want = silu_mul_torch(hh.clone())
+            hd = hh.double()
+            emit(kind="silu", dtype=str(dtype), t=t, i=i, shape=list(got.shape),
+                 out_dtype=str(got.dtype), err_twin=rel(got, want),
+                 err_fp64=rel(got, torch.nn.functional.silu(hd[:, :i]) * hd[:, i:]))
+        x, w13, w2, routed = _problem(21, 128, 64, dtype, seed)
+        routed_before = routed.clone()
+        y = shared_mlp_add_gemm(x, w13, w2, routed)
+        se = SharedExpert(128, 64, gated=False, dtype=dtype)
+        se.load(w13, w2, None)
+        emit(kind="gemm_form", dtype=str(dtype), err_add_to=rel(y, se.add_to(routed, x)),
+             err_fp64=rel(y, _mlp_add_fp64(x, w13, w2, routed)),
+             routed_untouched=bool(torch.equal(routed, routed_before)),
+             backend_err=rel(TritonExperts().shared_mlp_add(se, x, routed), y))
+    emit(kind="errors_silu", msgs=value_errors(lambda: silu_mul(torch.randn(2, 5)),
+                                               lambda: silu_mul(torch.randn(4, 6).t())))
+
     # the backend method: the kernels for an ungated expert, the torch form for a gated one
     backend = TritonExperts()
     for gated in (False, True):
@@ -112,6 +138,30 @@ def test_dense_kernels_match_fp64(report):
         assert r["err_twin"] <= (1e-5 if fp32 else 2e-3), r
 
 
+def test_silu_mul_rounds_as_the_torch_form(report):
+    rows = rows_of(report, "silu")
+    assert len(rows) == 8
+    for r in rows:
+        assert r["shape"] == [r["t"], r["i"]] and r["out_dtype"] == r["dtype"], r
+        fp32 = r["dtype"] == "torch.float32"
+        # same two roundings as F.silu(gate).mul_(up); exp's last fp32 bit may differ
+        assert r["err_twin"] <= (1e-6 if fp32 else 1e-3), r
+        assert r["err_fp64"] <= (1e-6 if fp32 else 2e-3), r
+
+
+def test_gemm_form_matches_the_torch_form(report):
+    rows = rows_of(report, "gemm_form")
+    assert len(rows) == 2
+    for r in rows:
+        fp32 = r["dtype"] == "torch.float32"
+        assert r["routed_untouched"], r
+        assert r["err_add_to"] <= (1e-6 if fp32 else 2e-3), r
+        assert r["err_fp64"] <= (1e-5 if fp32 else 2e-3), r
+        assert r["backend_err"] == 0.0, r  # 21 rows > MAX_DENSE_ROWS: the backend's form
+    (errs,) = rows_of(report, "errors_silu")
+    assert len(errs["msgs"]) == 2 and all("h (" in m for m in errs["msgs"]), errs
+
+
 def test_backend_uses_kernels_only_for_the_ungated_expert(report):
     ungated, gated = sorted(rows_of(report, "backend"), key=lambda r: r["gated"])
     assert ungated["err_add_to"] <= 1e-5, ungated
@@ -152,6 +202,29 @@ def test_dense_kernels_on_cuda_bf16_and_capture(tokens):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [17, 1024])
+def test_silu_mul_and_gemm_form_on_cuda_bf16(tokens):
+    """bf16 on the GPU: ``silu_mul`` rounds as ``F.silu(gate).mul_(up)`` (equal but for
+    exp's last fp32 bit: at most one bf16 ulp, rarely), and the cuBLAS form equals the torch
+    form ``SharedExpert.add_to`` to the same rounding."""
+    from moerun.backends.triton.dense import shared_mlp_add_gemm, silu_mul, silu_mul_torch
+    from moerun.shared_expert import SharedExpert
+
+    g = torch.Generator().manual_seed(tokens)
+    hh = (torch.randn(tokens, 4096, generator=g) * 3).to(torch.bfloat16).cuda()
+    got, want = silu_mul(hh).float(), silu_mul_torch(hh.clone()).float()
+    assert ((got - want).abs() <= want.abs() * 2 ** -7 + 1e-30).all()
+    assert (got == want).float().mean() >= 0.99
+    x, w13, w2, routed = _problem(tokens, 2048, 1024, torch.bfloat16, 9, device="cuda")
+    se = SharedExpert(2048, 1024, gated=False, dtype=torch.bfloat16, device="cuda")
+    se.load(w13, w2, None)
+    y, ref = shared_mlp_add_gemm(x, w13, w2, routed), se.add_to(routed, x)
+    assert (y == ref).float().mean() >= 0.98
+    assert rel(y.cpu(), _mlp_add_fp64(x.cpu(), w13.cpu(), w2.cpu(), routed.cpu())) <= 1e-2
 
 
 @pytest.mark.gpu

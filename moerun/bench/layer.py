@@ -3,9 +3,13 @@
 Per cell (layer shape x T), in one run and with ceilings measured in that run:
 
 * ``host_us``: host time to issue one forward with an idle device queue (sync, then a host
-  clock around the call; median) with ``check_inputs=False``, and ``host_checked_us`` with
-  ``check_inputs=True`` (its NaN scan is a documented host sync, so that figure includes
-  waiting for the device work queued before the scan);
+  clock around the call; median of a round of ``host_samples`` forwards) with
+  ``check_inputs=False``, and ``host_checked_us`` with ``check_inputs=True`` (its NaN scan is
+  a documented host sync, so that figure includes waiting for the device work queued before
+  the scan). Three rounds of each, taken before, between and after the device timings; the
+  figure is the lowest round, ``host_rounds_us`` / ``host_checked_rounds_us`` keep all three
+  (the device machine's host shares its CPUs: the same code's round medians differ by up to
+  2x within one process, so the least-disturbed round is the code's cost);
 * ``eager_us``: device-event time per forward, forwards issued back to back (host gaps
   included: when the host is slower than the device, this is host-bound);
 * ``graph_us``: per-forward time of a CUDA graph holding ``calls`` forwards (CUDA only);
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,7 +36,8 @@ import torch.nn.functional as F
 from moerun.bench.ceilings import Ceilings
 from moerun.bench.matrix import reference_rows
 from moerun.bench.shapes import BenchShape
-from moerun.bench.timing import GraphCaptureError, time_graph_replay, time_samples
+from moerun.bench.timing import (GraphCaptureError, host_issue_samples, time_graph_replay,
+                                 time_samples)
 from moerun.config import MoEConfig, RoutingConfig, RoutingMethod
 
 __all__ = ["LayerShape", "LAYER_SHAPES", "DEFAULT_LAYER_SHAPES", "CPU_LAYER_SHAPES",
@@ -79,7 +83,7 @@ CPU_LAYER_SHAPES = ("tiny",)
 @dataclass(frozen=True, kw_only=True)
 class LayerSettings:
     """``device``, ``dtype``, ``backend`` (a ``backend=`` name), ``repeats`` (timed samples;
-    the median is reported), ``host_samples`` (forwards timed for the host figure),
+    the median is reported), ``host_samples`` (forwards per round of each host figure),
     ``warmup``, ``calls`` (input sets; forwards per graph), ``graph``, ``check_rows``,
     ``seed``."""
 
@@ -87,7 +91,7 @@ class LayerSettings:
     dtype: torch.dtype
     backend: str = "auto"
     repeats: int = 20
-    host_samples: int = 200
+    host_samples: int = 100
     warmup: int = 3
     calls: int = 10
     graph: bool = True
@@ -113,6 +117,8 @@ class LayerCell:
     kernels_graph_us: float | None
     err: float
     note: str = ""
+    host_rounds_us: tuple[float, ...] = ()
+    host_checked_rounds_us: tuple[float, ...] = ()
 
     def ratio(self, us: float | None) -> float | None:
         return None if us is None or us <= 0 else self.floor_us / us
@@ -154,19 +160,8 @@ def _median_us(samples: list[float]) -> float:
 
 
 def _host_us(fn: Callable[[int], Any], device: torch.device, samples: int) -> float:
-    """Median host time of one call issued with an idle device queue (sync before each),
-    after a few untimed calls."""
-    times = []
-    for i in range(samples + 5):
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # NOTE: host sync, outside the timed call
-        t0 = time.perf_counter()
-        fn(i)
-        if i >= 5:
-            times.append(time.perf_counter() - t0)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return _median_us(times)
+    """Median host time of one call issued with an idle device queue, after 5 untimed calls."""
+    return _median_us(host_issue_samples(fn, device, samples, warmup=5))
 
 
 @dataclass(frozen=True, eq=False)
@@ -253,13 +248,19 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
             w, ids = routed[j % calls]
             return layer.backend.run_experts(xs[j % calls], layer.w13, layer.w2, w, ids)
 
-        host_us = host_checked = float("nan")
-        if host:
-            host_us = _host_us(forward, dev, settings.host_samples)
-            layer.config = cfg.replace(check_inputs=True)  # bench only: same weights, checked
-            host_checked = _host_us(forward, dev, settings.host_samples)
-            layer.config = cfg
+        rounds: list[float] = []
+        rounds_checked: list[float] = []
+
+        def host_round() -> None:  # one round of each host figure (see the module docstring)
+            if host:
+                rounds.append(_host_us(forward, dev, settings.host_samples))
+                layer.config = cfg.replace(check_inputs=True)  # bench only: same weights
+                rounds_checked.append(_host_us(forward, dev, settings.host_samples))
+                layer.config = cfg
+
+        host_round()
         eager = _median_us(time_samples(forward, dev, settings.repeats, warmup=settings.warmup))
+        host_round()
         k_eager = float("nan")
         if kernels:
             k_eager = _median_us(time_samples(kernel_call, dev, settings.repeats,
@@ -275,9 +276,14 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
             if kernels:
                 k_graph = _median_us(time_graph_replay(kernel_call, calls, settings.repeats,
                                                        warmup=settings.warmup))
+        host_round()
+        nan = float("nan")
         cell = LayerCell(shape=shape.name, tokens=tokens, backend=layer.report.backend,
                          router=layer.report.router, floor_us=floor, bound=bound,
-                         host_us=host_us, host_checked_us=host_checked, eager_us=eager,
+                         host_us=min(rounds) if rounds else nan,
+                         host_checked_us=min(rounds_checked) if rounds_checked else nan,
+                         host_rounds_us=tuple(rounds),
+                         host_checked_rounds_us=tuple(rounds_checked), eager_us=eager,
                          graph_us=graph, kernels_eager_us=k_eager, kernels_graph_us=k_graph,
                          err=err, note="; ".join(notes))
         del xs, logits, routed, out

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["time_samples", "time_graph_replay", "GraphCaptureError"]
+__all__ = ["time_samples", "time_graph_replay", "host_issue_samples", "GraphCaptureError"]
 
 
 class GraphCaptureError(RuntimeError):
@@ -43,6 +43,26 @@ def time_samples(fn: Callable[[int], Any], device: torch.device, samples: int, *
         t0 = time.perf_counter()
         fn(i)
         out.append(time.perf_counter() - t0)
+    return out
+
+
+def host_issue_samples(fn: Callable[[int], Any], device: torch.device, samples: int, *,
+                       warmup: int) -> list[float]:
+    """Host time of each of ``samples`` calls ``fn(i)`` issued with an idle device queue: on
+    CUDA a ``synchronize`` before each call (outside the timed region), then ``perf_counter``
+    around it; after ``warmup`` untimed calls. Seconds per call."""
+    cuda = device.type == "cuda"
+    for i in range(warmup):
+        fn(i)
+    out = []
+    for i in range(samples):
+        if cuda:
+            torch.cuda.synchronize()  # NOTE: host sync, outside the timed call
+        t0 = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t0)
+    if cuda:
+        torch.cuda.synchronize()
     return out
 
 

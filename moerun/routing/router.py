@@ -88,8 +88,11 @@ class TritonRouter(Router):
         super().__init__(config, correction_bias)
         from moerun.routing.kernel import fused_route, kernel_spec
 
+        from moerun._triton.program import ProgramCache
+
         self._spec = kernel_spec(config.routing)
         self._run = fused_route
+        self._programs = ProgramCache()  # logits shape -> launch program (host cost)
 
     @classmethod
     def can_implement(cls, problem: Problem, env: Env) -> Eligibility:
@@ -119,8 +122,23 @@ class TritonRouter(Router):
         return Eligibility.yes()
 
     def __call__(self, router_logits: torch.Tensor, *, valid_rows: int) -> Routed:
-        return self._run(router_logits, self.top_k, self._spec,
-                         correction_bias=self.correction_bias, valid_rows=valid_rows)
+        """See :meth:`Router.__call__`. On CUDA, from the second call of a logits shape on,
+        the launch is replayed as a launch program (``moerun._triton.program``: the same
+        allocations and launch, the checks done once)."""
+        bias = self.correction_bias
+
+        def plain():
+            return self._run(router_logits, self.top_k, self._spec, correction_bias=bias,
+                             valid_rows=valid_rows)
+
+        if not router_logits.is_cuda:
+            return plain()
+        inputs = (router_logits,) if bias is None else (router_logits, bias)
+        key = (valid_rows, *[(t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.get_device())
+                             for t in inputs])
+        return self._programs.call(key, inputs, plain,
+                                   outputs=lambda r: (r.topk_weights, r.topk_ids),
+                                   wrap=lambda t: Routed(t[0], t[1]))
 
 
 #: Names ``router=`` accepts besides ``"auto"``.

@@ -16,7 +16,13 @@ tensor-core tile to pad, 8-16 columns per program so the grid has hundreds of pr
 ``T > 1`` ``tl.dot`` tiles of 16 rows (up to :data:`MAX_DENSE_ROWS`). Only the ungated shared expert (DeepSeek-V3 style)
 is served here; :meth:`TritonExperts.shared_mlp_add` keeps the torch form otherwise.
 
-Torch twin: :func:`shared_mlp_add_torch`. No host sync; capture-safe; current stream.
+Above :data:`MAX_DENSE_ROWS` cuBLAS runs the two GEMMs (:func:`shared_mlp_add_gemm`) and one
+launch of :func:`silu_mul` replaces the torch form's ``chunk``, ``silu`` and ``mul_`` (four
+ops instead of six, rounded as the torch form rounds: silu's output to x.dtype, then the
+product).
+
+Torch twins: :func:`shared_mlp_add_torch`, :func:`silu_mul_torch`. No host sync; capture-safe;
+current stream.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from moerun.backends.triton.gate_up import dot_precision
 patch_interpreter()
 
 __all__ = ["DenseConfig", "dense_config", "shared_mlp_add", "shared_mlp_add_torch",
-           "MAX_DENSE_ROWS"]
+           "shared_mlp_add_gemm", "silu_mul", "silu_mul_torch", "MAX_DENSE_ROWS"]
+
+SILU_BLOCK = 1024  # columns per silu_mul program
 
 #: Up to this many rows the kernels serve the shared expert; above it cuBLAS does. Measured
 #: on the H200 (``benchmarks/dense_probe.py``, DeepSeek-V3's 7168 x 2048 shared expert,
@@ -186,8 +194,55 @@ def _dense_down_add_kernel(
                  mask=mask)
 
 
+@triton.jit(do_not_specialize=["inter"])
+def _silu_mul_kernel(h_ptr, out_ptr, inter, stride_h, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < inter
+    src = h_ptr + row * stride_h + offs
+    g = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(src + inter, mask=ok, other=0.0).to(tl.float32)
+    # torch's F.silu(gate).mul_(up): silu rounded to the dtype, then the product
+    s = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, (s * u).to(out_ptr.dtype.element_ty), mask=ok)
+
+
 _LAUNCH_GATE_UP = FastLauncher(_dense_gate_up_kernel)
 _LAUNCH_DOWN = FastLauncher(_dense_down_add_kernel)
+_LAUNCH_SILU = FastLauncher(_silu_mul_kernel)
+
+
+def silu_mul(h: torch.Tensor) -> torch.Tensor:
+    """``silu(h[:, :I]) * h[:, I:]`` for ``h [T, 2I]`` (last dim contiguous) -> new ``[T, I]``
+    in h.dtype, rounded as ``F.silu(gate).mul_(up)`` rounds. One launch (none for T == 0);
+    current stream; no host sync; capture-safe."""
+    if h.dim() != 2 or h.shape[1] % 2 or h.stride(1) != 1:
+        raise ValueError(f"h {tuple(h.shape)} must be [T, 2*I] with a contiguous last dim")
+    t, two_i = h.shape
+    inter = two_i // 2
+    out = torch.empty((t, inter), dtype=h.dtype, device=h.device)
+    if t:
+        block = min(SILU_BLOCK, max(16, 1 << (inter - 1).bit_length()))
+        _LAUNCH_SILU((t, cdiv(inter, block)), h, out, inter, h.stride(0), out.stride(0), block,
+                     num_warps=4)
+    return out
+
+
+def silu_mul_torch(h: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`silu_mul` (the torch form's two ops)."""
+    gate, up = h.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate).mul_(up)
+
+
+def shared_mlp_add_gemm(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                        routed: torch.Tensor) -> torch.Tensor:
+    """:func:`shared_mlp_add` for any number of rows with cuBLAS GEMMs: ``linear``,
+    :func:`silu_mul`, ``linear``, ``add_`` (the torch form with its three elementwise ops as
+    one launch; the same rounding: act and the shared output in x.dtype, then one add).
+    Returns a new ``[T, H]`` tensor; ``routed`` is not modified. Current stream; no host
+    sync; capture-safe."""
+    act = silu_mul(torch.nn.functional.linear(x, w13))
+    return torch.nn.functional.linear(act, w2).add_(routed)
 
 
 # ---------------------------------------------------------------- launcher
@@ -220,8 +275,8 @@ def shared_mlp_add(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             not w2.is_contiguous():
         raise ValueError("x and routed need a contiguous last dimension, w13 and w2 must be "
                          "contiguous")
-    out = torch.empty_like(routed)
-    if t == 0:
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)  # NOTE: not empty_like: a
+    if t == 0:  # launch program replays torch.empty
         return out
     cfg = dense_config(t) if cfg is None else cfg
     act = torch.empty(t, inter, dtype=x.dtype, device=x.device)

@@ -76,6 +76,9 @@ class TritonExperts(Backend):
 
     def __init__(self, configs=None):
         self._configs = configs
+        from moerun._triton.program import ProgramCache
+
+        self._programs = ProgramCache()  # call shape -> launch program (host cost, issue 8)
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
@@ -163,15 +166,27 @@ class TritonExperts(Backend):
         return super().quantize_rows(x, config)
 
     def shared_mlp_add(self, shared_expert, x, routed):
-        """Two launches of ``dense.shared_mlp_add`` for an ungated shared expert on up to
-        :data:`~moerun.backends.triton.dense.MAX_DENSE_ROWS` rows (decode: the torch form's
-        six ops cost more host time than the GPU spends); the torch form otherwise."""
-        from moerun.backends.triton.dense import MAX_DENSE_ROWS, shared_mlp_add
+        """An ungated shared expert: up to
+        :data:`~moerun.backends.triton.dense.MAX_DENSE_ROWS` rows two launches of
+        ``dense.shared_mlp_add`` (decode: the torch form's six ops cost more host time than
+        the GPU spends; a launch program on CUDA from the second call of a shape), above it
+        ``dense.shared_mlp_add_gemm`` (cuBLAS GEMMs around one ``silu_mul`` launch). A gated
+        one: the torch form."""
+        from moerun.backends.triton import dense
 
-        if shared_expert.gate is None and x.shape[0] <= MAX_DENSE_ROWS and \
-                x.dtype in _DTYPES and routed.dtype == x.dtype and x.stride(1) == 1:
-            return shared_mlp_add(x, shared_expert.w13, shared_expert.w2, routed)
-        return super().shared_mlp_add(shared_expert, x, routed)
+        if shared_expert.gate is not None or x.dtype not in _DTYPES or \
+                routed.dtype != x.dtype or x.stride(1) != 1:
+            return super().shared_mlp_add(shared_expert, x, routed)
+        w13, w2 = shared_expert.w13, shared_expert.w2
+        if x.shape[0] > dense.MAX_DENSE_ROWS:
+            return dense.shared_mlp_add_gemm(x, w13, w2, routed)
+        if not x.is_cuda:
+            return dense.shared_mlp_add(x, w13, w2, routed)
+        tensors = (x, w13, w2, routed)
+        key = ("shared", *[(t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.get_device())
+                           for t in tensors])
+        return self._programs.call(key, tensors,
+                                   lambda: dense.shared_mlp_add(x, w13, w2, routed))
 
     def fp8_config_for(self, num_slots: int, inter: int, hidden: int, num_tokens: int,
                        top_k: int):
@@ -221,7 +236,34 @@ class TritonExperts(Backend):
 
         With ``shared`` (the ``FUSED`` order) the alignment covers ``S + n`` slots and the two
         GEMMs read the shared slots from the shared expert's own tensors; the tile config is
-        the routed shape's (its ``K``), so tuned files keep applying."""
+        the routed shape's (its ``K``), so tuned files keep applying.
+
+        On CUDA, a bf16/fp16/fp32 call without ``shared``/``quant`` replays a launch program
+        (``moerun._triton.program``) from the second call of its shape on: the same
+        allocations and launches with the argument checks and size arithmetic done once."""
+        if quant is None and shared is None and x.is_cuda:
+            out = self._replay(x, w13, w2, topk_weights, topk_ids)
+            if out is not None:
+                return out
+        return self._run_plain(x, w13, w2, topk_weights, topk_ids, shared, quant)
+
+    def _replay(self, x, w13, w2, topk_weights, topk_ids):
+        """The call through its launch program (recorded on the first call of the key), or
+        None for the plain path. The key holds every input's shape, stride, dtype, device and
+        16-byte pointer alignment, and the tile config the call looks up."""
+        if x.dim() != 2 or w13.dim() != 3 or topk_ids.dim() != 2:
+            return None
+        s, two_i, h = w13.shape
+        cfg = self.config_for(s, two_i // 2, h, x.shape[0], topk_ids.shape[1], x.dtype)
+        if cfg.kernel == "persistent":
+            return None  # per-launch descriptor scratch: not replayed
+        tensors = (x, w13, w2, topk_weights, topk_ids)
+        key = (cfg, *[(t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.get_device())
+                      for t in tensors])
+        return self._programs.call(key, tensors, lambda: self._run_plain(
+            x, w13, w2, topk_weights, topk_ids, None, None))
+
+    def _run_plain(self, x, w13, w2, topk_weights, topk_ids, shared, quant):
         from moerun.backends.triton.align import moe_align
         from moerun.backends.triton.combine import moe_sum
         from moerun.backends.triton.down import down

@@ -1,0 +1,216 @@
+"""``moerun._triton.program``: a recorded call replays its allocations and launches exactly.
+
+On the CPU there is no compiled kernel, so these tests give a real ``FastLauncher`` a cached
+"compiled handle" whose C launcher is a Python function that *performs* a small kernel
+through the pointers it receives (ctypes reads and writes). A replay is right when the
+tensors it returns hold what that kernel computes on the *new* inputs, checked against torch
+arithmetic on those inputs, and when its launch arguments are the plain call's (pointers
+moved to the replay's own buffers, every other value equal). The real kernels are checked
+against the plain path on the GPU (``tests/test_layer_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from moerun._triton import launch as launch_mod  # noqa: E402
+from moerun._triton.launch import FastLauncher  # noqa: E402
+from moerun._triton.program import ProgramCache, build, record  # noqa: E402
+
+
+@triton.jit
+def _kernel(src_ptr, dst_ptr, flag_ptr, n, scale, BLOCK: tl.constexpr):
+    pass  # never compiled here: the fake C launcher below runs instead
+
+
+class _Compiled:
+    function = 1234
+    packed_metadata = ("meta",)
+
+
+def _fake_c_launcher(calls):
+    """What the C launcher would get: (grid, stream, ..., *args). It runs the 'kernel':
+    dst[j] = src[j] * scale for j < n (int32), then flag[0] = n."""
+    def direct(g0, g1, g2, stream, function, coop, pdl, scratch, prof, meta, h1, h2, h3,
+               src, dst, flag, n, scale, block):
+        calls.append(dict(grid=(g0, g1, g2), stream=stream, function=function, meta=meta,
+                          src=src, dst=dst, flag=flag, n=n, scale=scale, block=block))
+        a = (ctypes.c_int32 * n).from_address(src)
+        b = (ctypes.c_int32 * n).from_address(dst)
+        for j in range(n):
+            b[j] = a[j] * scale
+        ctypes.c_int32.from_address(flag).value = n
+    return direct
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 77, raising=False)
+    calls: list[dict] = []
+    fast = FastLauncher(_kernel)
+    fast._interpret = False
+    fast._runtime = type("RT", (), {"launch_enter_hook": None, "launch_exit_hook": None})()
+    return fast, calls
+
+
+def _wrapper(fast, calls, x: torch.Tensor, scale: int):
+    """A kernel wrapper shaped like moe_align: one int32 allocation cut into views, a zeroed
+    counter, one launch reading a view of the input, and a cast of the result."""
+    n = x.shape[0] - 1
+    buf = torch.empty(n + 8, dtype=torch.int32)
+    dst = buf.narrow(0, 4, n)  # byte offset 16
+    flag = torch.zeros(2, dtype=torch.int32)
+    key_args = (x[1:], dst, flag, n, scale, 64)
+    if not fast._cache:  # the first launch "compiles": give it the fake compiled handle
+        spec, _ = launch_mod._prep_function(key_args, fast._kinds)(key_args)
+        fast._prep = launch_mod._prep_function(key_args, fast._kinds)
+        fast._cache[(0, 4, None, spec)] = (_Compiled(), _fake_c_launcher(calls), 0, 0, 0)
+    fast((3, 2), *key_args, num_warps=4)
+    return dst.to(torch.int64), flag
+
+
+def test_replay_recomputes_on_new_inputs_and_passes_the_plain_arguments(fake_cuda):
+    fast, calls = fake_cuda
+    x = torch.arange(10, dtype=torch.int32)
+    (out, flag), rec = record(lambda: _wrapper(fast, calls, x, 3))
+    assert rec.refused is None and rec.device == 0
+    program = build(rec, (x,), (out, flag))
+    assert program is not None and program.num_launches == 1
+    assert out.tolist() == [3 * v for v in range(1, 10)]
+    x2 = torch.randint(-1000, 1000, (10,), dtype=torch.int32)
+    plain = len(calls)
+    p_out, p_flag = program(x2)
+    replayed = calls[plain]
+    assert p_out.dtype == torch.int64 and p_out.tolist() == (x2[1:].long() * 3).tolist()
+    assert p_flag.tolist() == [9, 0]
+    # the same arguments as a plain call, pointers on the new input and the replay's buffers
+    assert replayed["src"] == x2.data_ptr() + 4
+    assert replayed["dst"] - replayed["flag"] != 0
+    first = calls[0]
+    for k in ("grid", "stream", "function", "meta", "n", "scale", "block"):
+        assert replayed[k] == first[k], k
+    assert replayed["grid"] == (3, 2, 1) and replayed["stream"] == 77
+
+
+def test_replay_uses_the_replays_own_buffers(fake_cuda):
+    fast, calls = fake_cuda
+    x = torch.arange(6, dtype=torch.int32)
+    (out, flag), rec = record(lambda: _wrapper(fast, calls, x, 2))
+    program = build(rec, (x,), (out, flag))
+    a_out, a_flag = program(x)
+    b_out, b_flag = program(x)
+    assert a_flag.data_ptr() != b_flag.data_ptr()  # fresh allocations per replay
+    assert a_out.tolist() == b_out.tolist() == [2, 4, 6, 8, 10]
+
+
+def test_refuses_a_torch_compute_op(fake_cuda):
+    fast, calls = fake_cuda
+    x = torch.arange(6, dtype=torch.int32)
+
+    def fn():
+        out, flag = _wrapper(fast, calls, x, 2)
+        return out + 1, flag
+
+    (out, flag), rec = record(fn)
+    assert rec.refused is not None and "add" in rec.refused
+    assert build(rec, (x,), (out, flag)) is None
+
+
+def test_refuses_a_pointer_nobody_owns(fake_cuda):
+    fast, calls = fake_cuda
+    x = torch.arange(6, dtype=torch.int32)
+    other = torch.arange(6, dtype=torch.int32)  # read by the call, not given as an input
+    (out, flag), rec = record(lambda: _wrapper(fast, calls, other, 2))
+    assert build(rec, (x,), (out, flag)) is None
+
+
+def test_refuses_scratch_launches_and_uncached_handles(fake_cuda):
+    fast, calls = fake_cuda
+    x = torch.arange(6, dtype=torch.int32)
+    (out, flag), rec = record(lambda: _wrapper(fast, calls, x, 2))
+    (entry_key, entry), = fast._cache.items()
+    fast._cache[entry_key] = entry[:4] + (128,)  # per-program global scratch
+    assert build(rec, (x,), (out, flag)) is None
+    fast._cache.clear()
+    assert build(rec, (x,), (out, flag)) is None
+
+
+def test_a_host_sync_is_refused(fake_cuda):
+    fast, calls = fake_cuda
+    x = torch.arange(6, dtype=torch.int32)
+
+    def fn():
+        out, flag = _wrapper(fast, calls, x, 2)
+        int(flag[0])  # a value read on the host
+        return out, flag
+
+    (out, flag), rec = record(fn)
+    assert build(rec, (x,), (out, flag)) is None
+
+
+def test_hooks_or_another_device_send_the_caller_back(fake_cuda, monkeypatch):
+    fast, calls = fake_cuda
+    x = torch.arange(6, dtype=torch.int32)
+    (out, flag), rec = record(lambda: _wrapper(fast, calls, x, 2))
+    program = build(rec, (x,), (out, flag))
+    fast._runtime.launch_enter_hook = lambda *a: None
+    assert program(x) is None
+    fast._runtime.launch_enter_hook = None
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
+    assert program(x) is None
+
+
+def test_recordings_do_not_nest_and_the_cache_is_bounded():
+    with pytest.raises(RuntimeError, match="already active"):
+        record(lambda: record(lambda: None))
+    assert not launch_mod._RECORDING
+    cache = ProgramCache(capacity=2)
+    assert cache.get("a") is False
+    cache.put("a", None)
+    cache.put("b", None)
+    assert cache.get("a") is None and len(cache) == 2
+    cache.put("c", None)
+    assert len(cache) == 1 and cache.get("a") is False
+
+
+def _chain(fast, calls, x: torch.Tensor):
+    """Three launches through two buffers only the launches read: x -> a -> b -> out."""
+    n = x.shape[0]
+    a = torch.empty(n, dtype=torch.int32)
+    b = torch.empty(n + 4, dtype=torch.int32)
+    out = torch.empty(n, dtype=torch.int32)
+    flag = torch.zeros(2, dtype=torch.int32)
+    for src, dst, scale in ((x, a, 2), (a, b[4:], 3), (b[4:], out, 5)):
+        args = (src, dst, flag, n, scale, 64)
+        if not fast._cache:
+            fast._prep = launch_mod._prep_function(args, fast._kinds)
+            spec, _ = fast._prep(args)
+            fast._cache[(0, 4, None, spec)] = (_Compiled(), _fake_c_launcher(calls), 0, 0, 0)
+        fast((1,), *args, num_warps=4)
+    return out
+
+
+def test_buffers_only_launches_read_share_one_allocation(fake_cuda):
+    fast, calls = fake_cuda
+    x = torch.arange(7, dtype=torch.int32)
+    out, rec = record(lambda: _chain(fast, calls, x))
+    assert out.tolist() == [30 * v for v in range(7)]
+    program = build(rec, (x,), (out,))
+    assert program is not None and program.num_launches == 3
+    assert program.source.count("_torch.empty(") == 2  # the pool and the returned buffer
+    x2 = torch.randint(-50, 50, (7,), dtype=torch.int32)
+    (got,) = program(x2)
+    assert got.tolist() == (x2 * 30).tolist()
+    pool_calls = calls[-3:]
+    assert pool_calls[0]["src"] == x2.data_ptr()
+    a_ptr, b_ptr = pool_calls[0]["dst"], pool_calls[1]["dst"]
+    assert pool_calls[1]["src"] == a_ptr and pool_calls[2]["src"] == b_ptr
+    assert (b_ptr - 16 - a_ptr) % 512 == 0 and b_ptr - 16 >= a_ptr + 7 * 4  # disjoint parts
+    assert pool_calls[2]["dst"] == got.data_ptr()
