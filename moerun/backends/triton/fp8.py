@@ -397,8 +397,7 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights [M, K]`` fp32
     contiguous, ``cfg`` an fp8 config (``configs.fp8_default_config`` or a tuned fp8 file). Returns ``[M, H]`` in
     ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum), plus the activation
-    quantization for an unquantized ``x`` when ``cfg.block_m >= PREQUANT_BLOCK_M`` or the
-    config is persistent (``fp8_persistent.py``, then the persistent gate/up and down); no
+    quantization for an unquantized ``x`` when ``cfg.block_m >= PREQUANT_BLOCK_M``; no
     host sync.
     """
     from moerun.backends.triton.align import moe_align
@@ -409,16 +408,8 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     s = w13.shape[0]
     k = topk_ids.shape[1]
     prefill = cfg.block_m >= PREQUANT_BLOCK_M
-    persistent = cfg.kernel == "persistent"
-    if (prefill or persistent) and not isinstance(x, QuantizedRows):
+    if prefill and not isinstance(x, QuantizedRows):
         x = quantize_rows_fp8(x)
-    if persistent:  # fp8_persistent.py: TMA weights, one program per SM
-        from moerun.backends.triton.fp8_persistent import run_persistent_fp8
-
-        out = run_persistent_fp8(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, cfg,
-                                 out_dtype)
-        if out is not None:
-            return out  # else: unaligned bases, the grouped kernels below
     atomic = cfg.combine == "atomic"
     acc = torch.empty(m, h, dtype=torch.float32, device=xd.device) if atomic else None
     align = moe_align(topk_ids, s, cfg.block_m, zero=acc)
