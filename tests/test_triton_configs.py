@@ -22,8 +22,9 @@ from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, Con
                                             default_config, fit_to_dtype, fp8_default_config,
                                             fp8_intermediate, fp8_tile_fits, load_config_file)
 from moerun.backends.triton.tune import main as tune_main
-from moerun.backends.triton.tune_plan import (FP8_MAX_CONFIGS, TunedEntry, compile_configs,
-                                              fp8_candidates, merge_entries, plan_points,
+from moerun.backends.triton.tune_plan import (FP8_MAX_CONFIGS, MAX_CONFIGS, TunedEntry,
+                                              compile_configs, fp8_candidates, merge_entries,
+                                              persistent_candidates, plan_points,
                                               read_config_data)
 from moerun.bench.shapes import SHAPES
 from moerun.capability import Deployment, Problem
@@ -216,6 +217,50 @@ def test_plan_modes_follow_the_bench_serving_regime(tmp_path):
         assert p.file_name == "S8_N14336_K4096_bfloat16_NVIDIA_H200.json"
 
 
+def test_prefill_points_time_the_persistent_kernels_too(tmp_path):
+    """bf16 points with more than 160 rows per hit expert time 4 persistent configs as whole
+    calls (compiled too, within MAX_CONFIGS); decode points, fp32 and fp8 time none."""
+    shapes = [SHAPES[n] for n in ("mixtral8x7b", "qwen3-30b-a3b", "deepseek-v3",
+                                  "deepseek-v3-ep8-local", "qwen3-235b-ep8-local")]
+    with_p = []
+    for p in plan_points(shapes, None, BF16, H200, tmp_path):
+        rows = p.tokens * p.shape.top_k / min(p.shape.num_experts, p.tokens * p.shape.top_k)
+        assert len(p.persistent) == (4 if rows > 160 else 0), (p.shape.name, p.tokens)
+        assert all(c.kernel == "persistent" and c.combine == "reduce" for c in p.persistent)
+        assert p.num_configs <= MAX_CONFIGS
+        assert len(compile_configs(p)) == p.num_configs
+        assert set(p.persistent) <= set(compile_configs(p))
+        if p.persistent:
+            with_p.append((p.shape.name, p.tokens))
+    assert ("mixtral8x7b", 1024) in with_p and ("qwen3-30b-a3b", 1024) not in with_p
+    assert ("deepseek-v3", 1024) not in with_p and ("deepseek-v3", 8192) in with_p
+    assert ("deepseek-v3-ep8-local", 2048) in with_p
+    assert not any(p.persistent for p in plan_points([SHAPES["mixtral8x7b"]], None,
+                                                     torch.float32, H200, tmp_path))
+    assert not any(p.persistent for p in plan_points([SHAPES["mixtral8x7b"]], None,
+                                                     torch.float8_e4m3fn, H200, tmp_path))
+
+
+def test_every_shipped_persistent_entry_is_in_the_tuners_space():
+    """A persistent entry of a shipped bf16 file (they came from the probe) is one of the
+    configs ``moerun tune`` times for that point, so a re-tune can reproduce it."""
+    from moerun.backends.triton.configs import CONFIG_DIR
+
+    seen = 0
+    for f in sorted(CONFIG_DIR.glob("*_bfloat16_*.json")):
+        data = json.loads(f.read_text())
+        slots = int(f.name.split("_")[0][1:])  # the file is keyed by the local slots
+        top_k = data["meta"]["shape"]["top_k"]
+        for bucket, entry in data["entries"].items():
+            cfg = ExpertsConfig.from_json(entry["config"])
+            if cfg.kernel != "persistent":
+                continue
+            seen += 1
+            t = entry.get("T", int(bucket))
+            assert cfg in persistent_candidates(slots, top_k, t), (f.name, t)
+    assert seen >= 8
+
+
 def test_tune_needs_a_gpu_or_plan(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
@@ -238,21 +283,27 @@ from moerun.bench.shapes import SHAPES
 out_dir = Path(sys.argv[1])
 gu = GateUpConfig(block_n=32, block_k=32, num_stages=2)
 dn = DownConfig(block_n=32, block_k=32, num_stages=2)
+from moerun.backends.triton.configs import ExpertsConfig
+persistent = ExpertsConfig(block_m=16, gate_up=gu, down=dn, combine="reduce",
+                           kernel="persistent", programs=2)
 pt = TunePoint(shape=SHAPES["tiny"], tokens=3, bucket=4, mode="graph",
                incumbent=default_config(8, 32, 64, 4, 2), incumbent_source="heuristic",
                candidate_sets=(CandidateSet(block_m=16, gate_ups=(gu,), downs=(
                    DownChoice(down=dn, combine="reduce"), DownChoice(down=dn, combine="atomic"))),),
-               file_name=config_file_name(8, 32, 64, "float16", "cpu"))
+               file_name=config_file_name(8, 32, 64, "float16", "cpu"), persistent=(persistent,))
 ceilings = Ceilings(read_bw=1e10, copy_bw=1e10, flops=1e11)
+import io
+log = io.StringIO()
 winners = run_points([pt], device=torch.device("cpu"), dtype=torch.float16, ceilings=ceilings,
-                     budget_s=600, out=sys.stderr)
+                     budget_s=600, out=log)
+sys.stderr.write(log.getvalue())
 paths = write_winners(winners, [pt], out_dir, dtype=torch.float16, device_name="cpu",
                       command="test", out=sys.stderr)
 entry = winners[pt.file_name][4]
 choice = ConfigTable(device_name="cpu", config_dir=out_dir).lookup(8, 32, 64, 3, 2, torch.float16)
-timed = [pt.incumbent.key()] + [c.key() for c in (
-    __import__("moerun.backends.triton.configs", fromlist=["x"]).ExpertsConfig(
-        block_m=16, gate_up=gu, down=dn, combine=k) for k in ("reduce", "atomic"))]
+timed = [pt.incumbent.key(), persistent.key()] + [c.key() for c in (
+    ExpertsConfig(block_m=16, gate_up=gu, down=dn, combine=k) for k in ("reduce", "atomic"))]
+assert persistent.key() in log.getvalue() and "full, persistent" in log.getvalue(), log.getvalue()
 print(json.dumps({"files": [p.name for p in paths], "timing": entry.timing, "us": entry.us,
                   "floor_us": entry.floor_us, "config": entry.config.key(), "timed": timed,
                   "looked_up": choice.config.key(), "source": choice.source}))

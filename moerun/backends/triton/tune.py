@@ -119,6 +119,7 @@ def _print_plan(points, out_dir: Path, out) -> None:
         print(f"point {pt.shape.name} T={pt.tokens} bucket={pt.bucket} mode={pt.mode} "
               f"S={pt.shape.num_experts} configs={pt.num_configs} "
               f"block_m={','.join(c.label for c in pt.candidate_sets)} "
+              f"persistent={len(pt.persistent)} "
               f"incumbent=\"{pt.incumbent_source}\" file={out_dir / pt.file_name}", file=out)
     print(f"plan: {len(points)} points, {total} configs to time", file=out)
 
@@ -300,6 +301,15 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
                 rows.append((cfg.key(), us, "full"))
                 if us < best_us:
                     best_us, best_cfg = us, cfg
+        for cfg in pt.persistent:  # whole calls: their gate/up is not the grouped kernel
+            try:
+                us = per_call_us(calls.whole_fns(pt.bucket, cfg))
+            except Exception as e:  # noqa: BLE001
+                rows.append((cfg.key(), float("nan"), repr(e)[:80]))
+                continue
+            rows.append((cfg.key(), us, "full, persistent"))
+            if us < best_us:
+                best_us, best_cfg = us, cfg
         try:
             us = per_call_us(calls.whole_fns(pt.bucket, pt.incumbent))
             rows.append((pt.incumbent.key(), us, f"incumbent, {pt.incumbent_source}"))

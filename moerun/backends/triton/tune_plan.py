@@ -2,7 +2,9 @@
 (bf16/fp16 kernels: :func:`candidates`; the fp8 block-scaled kernels: :func:`fp8_candidates`),
 the plan (points, incumbents, target files) and the merge of winners into a config file.
 
-Pure host code (no triton, no GPU): ``moerun tune --plan`` prints a plan on any machine, and
+Prefill points of 2-byte dtypes also time the persistent TMA kernels as whole calls
+(:func:`persistent_candidates`). Pure host code (no triton, no GPU): ``moerun tune --plan``
+prints a plan on any machine, and
 the tests check the space and the file round trip on a CPU. Legend: ``S`` local slots (the
 bench shape's ``num_experts``), ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
 """
@@ -22,7 +24,8 @@ from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, SME
 from moerun.bench.shapes import BenchShape
 
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
-           "TunePoint", "TunedEntry", "candidates", "fp8_candidates", "check_fp8_shape",
+           "TunePoint", "TunedEntry", "candidates", "persistent_candidates", "fp8_candidates",
+           "check_fp8_shape",
            "plan_points", "point_mode", "read_config_data", "merge_entries", "compile_configs"]
 
 #: Configs timed per point at most (the incumbent included).
@@ -88,11 +91,14 @@ class TunePoint:
     incumbent_source: str
     candidate_sets: tuple[CandidateSet, ...]
     file_name: str
+    #: whole configs timed as they are (the persistent TMA kernels: their gate/up kernel is
+    #: not the grouped one the sets time alone), after the sets
+    persistent: tuple[ExpertsConfig, ...] = ()
 
     @property
     def num_configs(self) -> int:
         """Configs timed for this point: every candidate plus the incumbent."""
-        return sum(c.size for c in self.candidate_sets) + 1
+        return sum(c.size for c in self.candidate_sets) + len(self.persistent) + 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,8 +123,9 @@ class TunedEntry:
 
 
 def candidates(num_slots: int, top_k: int, hidden: int, inter: int, tokens: int,
-               elt: int = 2) -> list[CandidateSet]:
-    """Pruned search space for one point, at most ``MAX_CONFIGS - 1`` configs in all.
+               elt: int = 2, cap: int = MAX_CONFIGS) -> list[CandidateSet]:
+    """Pruned search space for one point, at most ``cap - 1`` configs in all (the plan
+    leaves room for the point's :func:`persistent_candidates`).
 
     Decode-like points (<= 32 rows per hit expert) get narrow, deep-pipelined tiles and
     split-K/atomic down candidates; prefill points get 64/128-row wgmma-sized tiles and both
@@ -187,7 +194,29 @@ def candidates(num_slots: int, top_k: int, hidden: int, inter: int, tokens: int,
         gus = [g for g in gus if g.smem_bytes(bm, elt) <= SMEM_LIMIT]
         dns = [(d, c) for d, c in dns if d.smem_bytes(bm, elt) <= SMEM_LIMIT]
         out.append((bm, gus, dns))
-    return _within(out, MAX_CONFIGS)
+    return _within(out, cap)
+
+
+def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
+                          ) -> list[ExpertsConfig]:
+    """The persistent TMA configs (``kernel="persistent"``, ``persistent.py``) a point times
+    as whole calls: prefill points only (more than 160 rows per hit expert, where the
+    grouped space is 128-row tiles too), 2-byte dtypes only (none for fp32). The space of
+    ``benchmarks/persistent_probe.py`` that won on the H200 (2026-12-01; every shipped
+    persistent entry is its first or second config) plus its stage and down-tile variants."""
+    pairs = tokens * top_k
+    hit = min(num_slots, max(1, pairs))
+    if elt != 2 or pairs / hit <= 160:
+        return []
+    G, D = GateUpConfig, DownConfig
+    gu = G(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    dn256 = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    dn128 = D(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    gu_tma = G(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3, a_tma=True)
+    gu4 = G(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)
+    dn4 = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4)
+    return [ExpertsConfig(block_m=128, gate_up=g, down=d, combine="reduce", kernel="persistent")
+            for g, d in ((gu, dn256), (gu_tma, dn256), (gu, dn128), (gu4, dn4))]
 
 
 def _within(out: list[tuple], cap: int) -> list[CandidateSet]:
@@ -306,21 +335,26 @@ def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch
             if fp8:
                 sets = fp8_candidates(shape.num_experts, shape.top_k, shape.hidden,
                                       shape.intermediate, t)
+                persistent = ()
             else:
+                persistent = tuple(persistent_candidates(shape.num_experts, shape.top_k, t,
+                                                         elt))
                 sets = candidates(shape.num_experts, shape.top_k, shape.hidden,
-                                  shape.intermediate, t, elt)
+                                  shape.intermediate, t, elt,
+                                  cap=MAX_CONFIGS - len(persistent))
             points.append(TunePoint(shape=shape, tokens=t, bucket=b,
                                     mode=point_mode(shape, t, graph_max_tokens), incumbent=inc,
                                     incumbent_source=source, candidate_sets=tuple(sets),
-                                    file_name=name))
+                                    file_name=name, persistent=persistent))
     return points
 
 
 def compile_configs(point: TunePoint) -> list[ExpertsConfig]:
     """Every whole config a point may launch: the incumbent, each gate/up tile with the set's
     first down tile, each down tile with the first gate/up tile (the timed winner combines a
-    timed gate/up and down tile; both were compiled through these)."""
-    out = [point.incumbent]
+    timed gate/up and down tile; both were compiled through these), and the persistent
+    configs."""
+    out = [point.incumbent, *point.persistent]
     for cs in point.candidate_sets:
         first = cs.downs[0]
         out += [ExpertsConfig(block_m=cs.block_m, gate_up=g, down=first.down,
