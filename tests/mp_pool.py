@@ -85,29 +85,28 @@ def _worker(rank: int, world_size: int, host: str, port: int, tasks: Any, result
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             out = ("err", TaskFailure(rank=rank, exc_type=type(exc).__name__, message=str(exc),
                                       traceback=traceback.format_exc()))
-        if not (isinstance(out[1], dict) and out[1].get("_keep_group")):
-            try:
-                dist.destroy_process_group(group)
-            except Exception:
-                pass
-            del ctx
-            # NOTE: destroy_process_group only unregisters a gloo group; it closes its
-            # connections when its last reference goes, and its destructor blocks until its
-            # pending collective ends: after a fault, until the peers have freed theirs or
-            # gloo's own timeout (HARD_KILL_S). A group the task left in a reference cycle
-            # was freed by whichever later garbage collection found it, inside another task,
-            # while the peers' groups were still alive: that task stalled for up to
-            # HARD_KILL_S (the fault-path hang, docs/DECISIONS.md). So collect the cycles now
-            # (`group` keeps the group itself alive until the next item), and refuse a
-            # group something else still holds.
-            if sys.getrefcount(group) > 2:  # `group` and the argument: nothing else
-                gc.collect()
-            if sys.getrefcount(group) > 2:
-                out = ("err", TaskFailure(
-                    rank=rank, exc_type="GroupLeak", traceback="",
-                    message=f"{fn.__name__} left its process group referenced after it "
-                            "returned (a global, a thread or its result holds it); its peers' "
-                            "pending collectives would wait on it: drop the reference"))
+        try:
+            dist.destroy_process_group(group)
+        except Exception:
+            pass
+        del ctx
+        # NOTE: destroy_process_group only unregisters a gloo group; it closes its
+        # connections when its last reference goes, and its destructor blocks until its
+        # pending collective ends: after a fault, until the peers have freed theirs or
+        # gloo's own timeout (HARD_KILL_S). A group the task left in a reference cycle
+        # was freed by whichever later garbage collection found it, inside another task,
+        # while the peers' groups were still alive: that task stalled for up to
+        # HARD_KILL_S (the fault-path hang, docs/DECISIONS.md). So collect the cycles now
+        # (`group` keeps the group itself alive until the next item), and refuse a
+        # group something else still holds.
+        if sys.getrefcount(group) > 2:  # `group` and the argument: nothing else
+            gc.collect()
+        if sys.getrefcount(group) > 2:
+            out = ("err", TaskFailure(
+                rank=rank, exc_type="GroupLeak", traceback="",
+                message=f"{fn.__name__} left its process group referenced after it "
+                        "returned (a global, a thread or its result holds it); its peers' "
+                        "pending collectives would wait on it: drop the reference"))
         results.put((task_id, rank, out))
     dist.destroy_process_group()
 
