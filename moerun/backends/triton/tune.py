@@ -275,7 +275,19 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
                 lambda i: fns[i % n](), device, max(_SAMPLES["eager"], n), warmup=n)) * 1e6
 
         rows = []
-        best_us, best_cfg = float("inf"), None
+        best: list = [float("inf"), None]  # µs, config
+
+        def time_whole(cfg, note: str, fail: str = "", calls=calls, pt=pt) -> None:
+            """Time ``cfg`` as whole calls: a row either way, and the fastest kept."""
+            try:
+                us = per_call_us(calls.whole_fns(pt.bucket, cfg))
+            except Exception as e:  # noqa: BLE001 -- a failing candidate is skipped
+                rows.append((cfg.key(), float("nan"), fail + repr(e)[:80]))
+                return
+            rows.append((cfg.key(), us, note))
+            if us < best[0]:
+                best[:] = [us, cfg]
+
         for cs in pt.candidate_sets:
             best_gu_us, best_gu = float("inf"), None
             for g in cs.gate_ups:
@@ -291,32 +303,12 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
             if best_gu is None:
                 continue
             for d in cs.downs:
-                cfg = ExpertsConfig(block_m=cs.block_m, gate_up=best_gu, down=d.down,
-                                    combine=d.combine)
-                try:
-                    us = per_call_us(calls.whole_fns(pt.bucket, cfg))
-                except Exception as e:  # noqa: BLE001
-                    rows.append((cfg.key(), float("nan"), repr(e)[:80]))
-                    continue
-                rows.append((cfg.key(), us, "full"))
-                if us < best_us:
-                    best_us, best_cfg = us, cfg
+                time_whole(ExpertsConfig(block_m=cs.block_m, gate_up=best_gu, down=d.down,
+                                         combine=d.combine), "full")
         for cfg in pt.persistent:  # whole calls: their gate/up is not the grouped kernel
-            try:
-                us = per_call_us(calls.whole_fns(pt.bucket, cfg))
-            except Exception as e:  # noqa: BLE001
-                rows.append((cfg.key(), float("nan"), repr(e)[:80]))
-                continue
-            rows.append((cfg.key(), us, "full, persistent"))
-            if us < best_us:
-                best_us, best_cfg = us, cfg
-        try:
-            us = per_call_us(calls.whole_fns(pt.bucket, pt.incumbent))
-            rows.append((pt.incumbent.key(), us, f"incumbent, {pt.incumbent_source}"))
-            if us < best_us:
-                best_us, best_cfg = us, pt.incumbent
-        except Exception as e:  # noqa: BLE001
-            rows.append((pt.incumbent.key(), float("nan"), "incumbent " + repr(e)[:80]))
+            time_whole(cfg, "full, persistent")
+        time_whole(pt.incumbent, f"incumbent, {pt.incumbent_source}", "incumbent ")
+        best_us, best_cfg = best
         eff = floor.us / best_us if best_cfg is not None else float("nan")
         print(f"== {shape.name} T={tokens} ({mode}{', fp8' if fp8 else ''}): {len(rows)} "
               f"timed in {time.time() - t0:.1f}s; floor {floor.us:.1f} us ({floor.bound}); "
