@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from moerun._triton import launch as _launch
 
-__all__ = ["Program", "Recording", "record", "build", "ProgramCache"]
+__all__ = ["Program", "Recording", "record", "build", "ProgramCache", "layout_key"]
 
 _aten = torch.ops.aten
 _POOL_ALIGN = 512  # bytes; what torch's caching allocator aligns blocks to
@@ -336,6 +336,15 @@ def _build(rec: Recording, inputs: list, outputs: list) -> Program:
     source = "\n".join(lines) + "\n"
     exec(compile(source, "<moerun launch program>", "exec"), ns)  # noqa: S102 - generated
     return Program(ns["run"], runtime, rec.device, launches, source)
+
+
+def layout_key(tensors: Sequence[torch.Tensor]) -> tuple:
+    """The part of a program's cache key its inputs decide: each tensor's shape, strides,
+    dtype, device index and whether its pointer is 16-byte aligned (Triton specialises on
+    it). A caller adds the host values it looks up (a tile config, a row count). Host only;
+    a few attribute reads per tensor."""
+    return tuple((t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.get_device())
+                 for t in tensors)
 
 
 class ProgramCache:

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import torch
 
+from moerun._triton.program import ProgramCache, layout_key
 from moerun.capability import Eligibility, Problem, RejectReason
 from moerun.config import MoEConfig
 from moerun.env import Env
@@ -88,8 +89,6 @@ class TritonRouter(Router):
         super().__init__(config, correction_bias)
         from moerun.routing.kernel import fused_route, kernel_spec
 
-        from moerun._triton.program import ProgramCache
-
         self._spec = kernel_spec(config.routing)
         self._run = fused_route
         self._programs = ProgramCache()  # logits shape -> launch program (host cost)
@@ -134,8 +133,7 @@ class TritonRouter(Router):
         if not router_logits.is_cuda:
             return plain()
         inputs = (router_logits,) if bias is None else (router_logits, bias)
-        key = (valid_rows, *[(t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.get_device())
-                             for t in inputs])
+        key = (valid_rows, layout_key(inputs))
         return self._programs.call(key, inputs, plain,
                                    outputs=lambda r: (r.topk_weights, r.topk_ids),
                                    wrap=lambda t: Routed(t[0], t[1]))

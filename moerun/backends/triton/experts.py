@@ -45,6 +45,7 @@ from typing import ClassVar
 
 import torch
 
+from moerun._triton.program import ProgramCache, layout_key
 from moerun.backends.base import Backend
 from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.config import Activation
@@ -76,8 +77,6 @@ class TritonExperts(Backend):
 
     def __init__(self, configs=None):
         self._configs = configs
-        from moerun._triton.program import ProgramCache
-
         self._programs = ProgramCache()  # call shape -> launch program (host cost, issue 8)
 
     @classmethod
@@ -183,8 +182,7 @@ class TritonExperts(Backend):
         if not x.is_cuda:
             return dense.shared_mlp_add(x, w13, w2, routed)
         tensors = (x, w13, w2, routed)
-        key = ("shared", *[(t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.get_device())
-                           for t in tensors])
+        key = ("shared", layout_key(tensors))
         return self._programs.call(key, tensors,
                                    lambda: dense.shared_mlp_add(x, w13, w2, routed))
 
@@ -258,8 +256,7 @@ class TritonExperts(Backend):
         if cfg.kernel == "persistent":
             return None  # per-launch descriptor scratch: not replayed
         tensors = (x, w13, w2, topk_weights, topk_ids)
-        key = (cfg, *[(t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.get_device())
-                      for t in tensors])
+        key = (cfg, layout_key(tensors))
         return self._programs.call(key, tensors, lambda: self._run_plain(
             x, w13, w2, topk_weights, topk_ids, None, None))
 
