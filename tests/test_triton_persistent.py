@@ -223,14 +223,17 @@ def test_config_validation_messages():
 
 def test_shipped_files_load_and_persistent_entries_are_measured():
     """Every shipped entry loads; an entry without a ``kernel`` field is the grouped kernel;
-    a persistent one is a bf16 prefill entry (reduce combine) whose provenance names the
-    probe that measured it."""
+    a persistent one is a measured bf16 prefill entry (reduce combine): pasted from the probe
+    (its ``source`` names it) or written by ``moerun tune`` (the file's writer, the entry
+    timed: ``us`` and ``timing``)."""
     from moerun.backends.triton.configs import CONFIG_DIR, load_config_file
 
     persistent = []
     for f in sorted(CONFIG_DIR.glob("*.json")):
         _, entries = load_config_file(f)
-        raw = json.loads(f.read_text())["entries"]
+        data = json.loads(f.read_text())
+        raw = data["entries"]
+        by_tuner = "moerun tune" in data["meta"].get("written_by", "")
         for bucket, cfg in entries.items():
             entry = raw[str(bucket)]
             if "kernel" not in entry["config"]:
@@ -238,7 +241,10 @@ def test_shipped_files_load_and_persistent_entries_are_measured():
             if cfg.kernel == "persistent":
                 persistent.append((f.name, bucket))
                 assert "bfloat16" in f.name and cfg.combine == "reduce", (f.name, bucket)
-                assert "persistent_probe" in entry.get("source", ""), (f.name, bucket)
+                probe = "persistent_probe" in entry.get("source", "")
+                tuned = by_tuner and entry.get("us", 0) > 0 and entry.get("timing") in (
+                    "graph", "eager")
+                assert probe or tuned, (f.name, bucket)
     assert ("S8_N14336_K4096_bfloat16_NVIDIA_H200.json", 8192) in persistent
 
 
