@@ -65,6 +65,17 @@ def primitives() -> None:
           f"{_per_call_us(lambda: _route_kernel[(1,)](*args, num_warps=4)):7.2f} us")
     print(f"moerun FastLauncher launch: "
           f"{_per_call_us(lambda: _LAUNCH((1,), *args, num_warps=4)):7.2f} us")
+    compiled, direct, coop, pdl, _ = next(iter(_LAUNCH._cache.values()))
+    if direct is not None:  # what a launch program's replay calls: the C launcher, args ready
+        _, largs = _LAUNCH._prep(args)
+        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        fn, meta = compiled.function, compiled.packed_metadata
+        print(f"C launcher, prepared args:  "
+              f"{_per_call_us(lambda: direct(1, 1, 1, stream, fn, coop, pdl, None, None, meta, None, None, None, *largs)):7.2f} us")
+    a2, b2 = torch.randn(16, 2048, device="cuda"), torch.randn(2048, 768, device="cuda")
+    mm = torch.ops.aten.mm.default
+    print(f"aten.mm.default (16x2048x768): {_per_call_us(lambda: mm(a2, b2)):7.2f} us")
+    print(f"torch.mm (same):            {_per_call_us(lambda: torch.mm(a2, b2)):7.2f} us")
     lg = torch.randn(1, 256, device="cuda")
     print(f"NaN scan + host sync (check_inputs): "
           f"{_per_call_us(lambda: bool(torch.isfinite(lg).all()), n=500):7.2f} us")
@@ -275,6 +286,13 @@ def breakdown(name: str, tokens: int, n: int) -> None:
         print(f"\n== breakdown {name} T={tokens} (host µs, median of {n}, idle queue)")
         for k, v in rows.items():
             print(f"  {k:40s} {v:8.1f}")
+        # what each launch program replays (its generated code: allocations and launches)
+        for owner, cache in (("layer", layer.programs), ("router", layer.router._programs),
+                             ("backend", be._programs)):
+            for key, prog in list(cache._entries.items()):
+                if prog:
+                    print(f"  -- {owner} program ({prog.num_launches} launches):")
+                    print("     " + prog.source.replace("\n", "\n     "))
 
 
 def main() -> None:

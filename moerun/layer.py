@@ -15,6 +15,7 @@ from torch import nn
 
 from eplb import NullLayerBalancer
 from moerun._loading import load_expert_items, load_global
+from moerun._triton.program import ProgramCache
 from moerun.backends import Backend
 from moerun.capability import Deployment, Problem
 from moerun.comm import CommStrategy, Communicator
@@ -120,6 +121,9 @@ class ConfigurableMoE(nn.Module):
         self.layer_idx = layer_idx
         self.repeat_count = repeat_count
         self._counters = _Counters()
+        # host-side cache of the one-rank path's launch programs (schedulers/one_rank.py):
+        # keyed by call layout, never per-forward state
+        self.programs = ProgramCache()
         self.recorder = recorder
         self.chunk_overlap = bool(chunk_overlap)
         self.streams = LayerStreams(self.device)

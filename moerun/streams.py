@@ -15,6 +15,14 @@ import torch
 __all__ = ["LayerStreams", "record_events"]
 
 
+#: Every green context a layer made, held until the process exits: torch 2.11 aborts the
+#: process when one is destroyed before a stream made from it, and a layer collected as part
+#: of a reference cycle releases its objects in no set order (seen 2026-12-01 on the H200:
+#: a garbage collection in the middle of a later test aborted). A few per process at most:
+#: SM partitions are for measurements (``shared_partition_sms``).
+_GREEN_CONTEXTS: list[Any] = []
+
+
 class LayerStreams:
     """Owner of one layer's side streams: the aux stream of chunk overlap, and the shared
     expert's side stream (plain, or one per SM-partition size in a green context). Holds no
@@ -30,8 +38,9 @@ class LayerStreams:
         self._aux: Any = None
         # partition size -> (green context or None, stream). NOTE: a green context must
         # outlive its stream (torch 2.11 aborts the process when a green context goes before
-        # the stream made from it); a tuple releases its items last to first, so the stream
-        # goes first, and release() does the same explicitly.
+        # the stream made from it): every green context is also held by _GREEN_CONTEXTS, so
+        # however the layer is freed (reference counts, or the garbage collector clearing a
+        # cycle in any order) its streams go first.
         self._shared: dict[int | None, tuple[Any, Any]] = {}
 
     def release(self) -> None:
@@ -72,6 +81,7 @@ class LayerStreams:
             idx = self.device.index if self.device.index is not None \
                 else torch.cuda.current_device()
             green = green_cls.create(num_sms=partition_sms, device_id=idx)
+            _GREEN_CONTEXTS.append(green)  # NOTE: kept for the process's life (see there)
             if hasattr(green, "Stream"):
                 stream = green.Stream()
             else:  # older API: a stream created while the green context is current

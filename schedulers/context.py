@@ -48,7 +48,9 @@ class LayerView(Protocol):
     (e4m3 for a quantized layer, with ``w13_scale`` / ``w2_scale`` fp32 block scales, else
     None) and ``expert_quant`` (the backend's ``quant=`` argument, None when unquantized);
     counters ``step`` (forwards so far), ``repeat_idx``/``repeat_count``; ``recorder``
-    (optional schedule recorder); ``chunk_overlap`` (allowed to use the aux stream).
+    (optional schedule recorder); ``chunk_overlap`` (allowed to use the aux stream);
+    ``programs`` (a ``moerun._triton.program.ProgramCache``: the one-rank path's launch
+    programs by call layout, a host-side cache, not per-forward state).
 
     Agreement (issue 14): ``loaded`` (weights filled), ``agreement_digest`` (the build
     digest every rank compares in the agreed validation payload).
@@ -79,6 +81,7 @@ class LayerView(Protocol):
     repeat_count: int
     recorder: Any
     chunk_overlap: bool
+    programs: Any
     loaded: bool
     agreement_digest: int
 

@@ -13,6 +13,15 @@ no profiler). What remains is the device work in 4.1's order. A decode step is h
 (DESIGN 3), so this path exists to issue that work with as little Python as possible; the
 result is the general path's, bit for bit (tests compare the two).
 
+On CUDA the whole path -- routing launch, expert launches, shared-expert GEMMs -- is one
+launch program (``moerun._triton.program``) from the second forward of a shape on: the
+layer's ``programs`` cache, keyed by the :class:`Straight`, the layout of ``x`` and the
+logits and the addresses of the parameters the path reads, replays the recorded allocations,
+launches and GEMMs with the Python of the router, backend and shared expert taken out. A
+forward with an ``input_ready_event`` (its wait sits between routing and the first read of
+``x``) and a path the recording refuses (a persistent-kernel bucket's descriptor scratch,
+for one) take the plain issue below.
+
 :func:`applies` decides, from the layer and this forward's token count only (rank-local,
 which is fine: there is one rank), and hands :func:`forward` its :class:`Straight`;
 anything else takes the general generator path. Stateless.
@@ -25,12 +34,13 @@ from typing import Any
 
 import torch
 
+from moerun._triton.program import layout_key
 from moerun.comm import NoComm
 from moerun.shared_expert import SharedExpertOrder, SharedRegime
 from schedulers.shared import fused_slots
 from traces import ranges_silent
 
-__all__ = ["Straight", "applies", "forward"]
+__all__ = ["Straight", "applies", "forward", "issue"]
 
 _SEQ, _FUSED = SharedExpertOrder.SEQUENTIAL, SharedExpertOrder.FUSED
 
@@ -73,7 +83,35 @@ def forward(layer: Any, x: torch.Tensor, router_logits: torch.Tensor, straight: 
             input_ready_event: Any) -> torch.Tensor:
     """``x [T, H]``, ``router_logits [T, E]`` -> ``[T, H]`` in x.dtype, for a forward that
     :func:`applies` returned ``straight`` for (inputs already checked). Kernels on the
-    current stream; no collective; no host sync beyond the backend's; graph-safe."""
+    current stream; no collective; no host sync beyond the backend's; graph-safe. On CUDA
+    through the layer's launch program of this shape (module docstring)."""
+    if input_ready_event is None and x.is_cuda and x.shape[0]:
+        params = _parameters(layer)
+        # NOTE: the parameters enter the key by address: they keep their layout while their
+        # storage stays put (weights load and migrate in place); a replaced tensor is a new key
+        key = (straight, layout_key((x, router_logits)), tuple(t.data_ptr() for t in params))
+        return layer.programs.call(key, (x, router_logits) + params,
+                                   lambda: issue(layer, x, router_logits, straight, None))
+    return issue(layer, x, router_logits, straight, input_ready_event)
+
+
+def _parameters(layer: Any) -> tuple[torch.Tensor, ...]:
+    """Every layer tensor :func:`issue` reads: the expert weights (and fp8 scales), the
+    selection bias, the shared expert's weights. Host only."""
+    out = [layer.w13, layer.w2]
+    for t in (layer.w13_scale, layer.w2_scale, layer.router.correction_bias):
+        if t is not None:
+            out.append(t)
+    se = layer.shared_expert
+    if se is not None:
+        out += [se.w13, se.w2] if se.gate is None else [se.w13, se.w2, se.gate]
+    return tuple(out)
+
+
+def issue(layer: Any, x: torch.Tensor, router_logits: torch.Tensor, straight: Straight,
+          input_ready_event: Any) -> torch.Tensor:
+    """:func:`forward` without the launch program: route, experts, shared expert, issued
+    through the router's and the backend's own calls. Same contract."""
     cfg = layer.config
     regime = straight.regime
     weights, ids = layer.router(router_logits, valid_rows=x.shape[0])

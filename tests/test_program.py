@@ -110,17 +110,80 @@ def test_replay_uses_the_replays_own_buffers(fake_cuda):
     assert a_out.tolist() == b_out.tolist() == [2, 4, 6, 8, 10]
 
 
-def test_refuses_a_torch_compute_op(fake_cuda):
+def test_refuses_a_torch_op_outside_the_replayed_set(fake_cuda):
     fast, calls = fake_cuda
     x = torch.arange(6, dtype=torch.int32)
 
     def fn():
         out, flag = _wrapper(fast, calls, x, 2)
-        return out + 1, flag
+        return out.cumsum(0), flag
 
     (out, flag), rec = record(fn)
-    assert rec.refused is not None and "add" in rec.refused
+    assert rec.refused is not None and "cumsum" in rec.refused
     assert build(rec, (x,), (out, flag)) is None
+
+
+def test_compute_ops_after_a_launch_are_replayed_on_the_new_values(fake_cuda):
+    fast, calls = fake_cuda
+    x = torch.arange(6, dtype=torch.int32)
+
+    def fn():
+        out, flag = _wrapper(fast, calls, x, 2)  # out = 2 * x[1:], int64
+        return torch.cat([out + 1, out * out]), flag
+
+    (out, flag), rec = record(fn)
+    assert out.tolist() == [3, 5, 7, 9, 11, 4, 16, 36, 64, 100]
+    program = build(rec, (x,), (out, flag))
+    assert program is not None and program.num_launches == 1
+    x2 = torch.randint(-1000, 1000, (6,), dtype=torch.int32)
+    got, got_flag = program(x2)
+    d = [2 * v for v in x2.tolist()[1:]]
+    assert got.tolist() == [v + 1 for v in d] + [v * v for v in d]
+    assert got_flag.tolist()[0] == 5 and got.data_ptr() != out.data_ptr()
+
+
+def test_gemms_and_in_place_adds_replay_like_the_shared_expert():
+    """No launch at all: a cuBLAS-style shared MLP (mm against a transposed weight, silu,
+    mul, mm, in-place add of the routed rows) replayed on new values, against float64."""
+    g = torch.Generator().manual_seed(3)
+    t, h, i = 5, 12, 8
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g)
+
+    def mlp(x, w13, w2, routed):
+        gu = torch.mm(x, w13.t())
+        act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+        return torch.mm(act, w2.t()).add_(routed)
+
+    inputs = (rnd(t, h), rnd(2 * i, h), rnd(h, i), rnd(t, h))
+    out, rec = record(lambda: mlp(*inputs))
+    program = build(rec, inputs, (out,))
+    assert program is not None and program.num_launches == 0
+    new = (rnd(t, h), rnd(2 * i, h), rnd(h, i), rnd(t, h))
+    (got,) = program(*new)
+    x, w13, w2, routed = (v.double() for v in new)
+    gu = x @ w13.T
+    ref = (torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]) @ w2.T + routed
+    assert (got.double() - ref).abs().max().item() < 1e-4
+    assert not torch.equal(got, out)  # computed anew, not the recording's tensor
+    assert new[3].double().sub(routed).abs().max().item() == 0  # routed is not modified
+
+
+def test_a_cache_inside_a_recording_neither_replays_nor_records(fake_cuda, monkeypatch):
+    """An enclosing recording must see every launch: a nested cache call runs plainly."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    fast, calls = fake_cuda
+    x = torch.arange(6, dtype=torch.int32)
+    inner = ProgramCache()
+    inner.call("k", (x,), lambda: _wrapper(fast, calls, x, 2), outputs=lambda r: r,
+               wrap=lambda t: t)
+    assert inner.get("k")  # recorded: the next call outside a recording would replay
+    (out, flag), rec = record(lambda: inner.call("k", (x,), lambda: _wrapper(fast, calls, x, 3),
+                                                 outputs=lambda r: r, wrap=lambda t: t))
+    assert out.tolist() == [3, 6, 9, 12, 15]  # the plain call ran (scale 3), not the replay
+    assert sum(1 for e in rec.events if type(e).__name__ == "_Launch") == 1
+    assert len(inner) == 1
 
 
 def test_refuses_a_pointer_nobody_owns(fake_cuda):

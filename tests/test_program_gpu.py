@@ -148,3 +148,63 @@ def test_replayed_routing_equals_the_kernel(method, e, k, bias, t, valid):
         assert torch.equal(got.topk_ids, want.topk_ids)
         assert torch.equal(got.topk_weights, want.topk_weights)
         assert (got.topk_ids[valid:] == -1).all()
+
+
+# ----------------------------------------------------------- the whole one-rank forward
+_LAYERS = {  # name: (MoEConfig kwargs, shared expert)
+    "softmax": dict(num_experts=32, top_k=4),
+    "noaux-shared": dict(num_experts=64, top_k=8, shared_intermediate_size=256,
+                         routing=dict(method="noaux_tc", num_expert_group=8, topk_group=4,
+                                      routed_scaling_factor=2.5)),
+    "gated-shared": dict(num_experts=16, top_k=2, shared_intermediate_size=128,
+                         shared_expert_gate=True),
+}
+
+
+@pytest.mark.parametrize("tokens", [1, 40, 600])  # dense shared / cuBLAS shared / grid align
+@pytest.mark.parametrize("name", list(_LAYERS))
+def test_the_one_rank_forward_replays_as_one_program(name, tokens):
+    """From the second forward of a shape the layer replays one program (router, experts and
+    shared expert together); on fresh inputs it equals the plain issue and the fp64 model."""
+    from moerun import ConfigurableMoE, MoEConfig, RoutingConfig
+    from moerun.testing import make_case, reference_output
+    from schedulers import one_rank
+
+    kw = dict(_LAYERS[name])
+    if "routing" in kw:
+        kw["routing"] = RoutingConfig(renormalize=True, **kw["routing"])
+    cfg = MoEConfig(hidden_size=256, intermediate_size=128, dtype=torch.bfloat16, **kw)
+    case = make_case(cfg, tokens, seed=tokens + 5)
+    with torch.no_grad(), ConfigurableMoE(cfg, device="cuda") as layer:
+        layer.load_weights(case.w13.cuda(), case.w2.cuda(),
+                           None if case.shared is None else
+                           {k: v.cuda() for k, v in case.shared.items()},
+                           e_score_correction_bias=None if case.bias is None
+                           else case.bias.cuda())
+        layer(case.x.cuda(), case.logits.cuda())  # records
+        (program,) = layer.programs._entries.values()
+        assert program is not None, "the one-rank forward was refused a program"
+        assert program.num_launches >= 3  # routing, align, gate/up, down (+ combine)
+        straight = one_rank.applies(layer, tokens)
+        for seed in (1, 2):
+            fresh = make_case(cfg, tokens, seed=100 * seed + tokens)
+            x, logits = fresh.x.cuda(), fresh.logits.cuda()
+            out = layer(x, logits)
+            plain = one_rank.issue(layer, x, logits, straight, None)
+            torch.cuda.synchronize()
+            assert out.shape == (tokens, 256) and out.dtype == torch.bfloat16
+            assert rel_err(out.float().cpu(), plain.double().cpu()) < TOL_ATOMIC
+            fresh.w13, fresh.w2, fresh.shared, fresh.bias = (case.w13, case.w2, case.shared,
+                                                             case.bias)
+            ref = reference_output(cfg, fresh)
+            assert rel_err(out.cpu(), ref) < TOL[torch.bfloat16]
+        assert len(layer.programs) == 1
+        # a graph captured on the recorded shape replays the program's work
+        x, logits = fresh.x.cuda(), fresh.logits.cuda()
+        eager = layer(x, logits).clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = layer(x, logits)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(captured.float().cpu(), eager.double().cpu()) < TOL_ATOMIC

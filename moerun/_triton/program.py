@@ -9,18 +9,21 @@ Python taken out:
     record (one normal call, watched) -> build (resolve pointers, generate code) -> replay
 
 * **record**: the wrapper runs once as usual inside :func:`record`. A ``TorchDispatchMode``
-  sees every torch op (allocations, views, dtype casts) and every ``FastLauncher`` launch
-  reports its grid and arguments.
+  sees every torch op (allocations, views, dtype casts, compute ops) and every
+  ``FastLauncher`` launch reports its grid and arguments.
 * **build**: every tensor argument of a launch is resolved to an *input* of the call or to an
   allocation the call made (by address: the most recent allocation holding the pointer, else
   the input starting at it), with its byte offset; everything else is a constant. A call that
-  does anything else -- a host sync, a torch compute op, a launch with per-launch scratch or
-  through Triton's wrapper, a pointer nobody owns -- is refused (``build`` returns None).
+  does anything else -- a host sync, a torch op outside the replayed set (:data:`_COMPUTE`:
+  GEMMs and a few elementwise ops whose outputs depend on shapes and values only), a launch
+  with per-launch scratch or through Triton's wrapper, a pointer nobody owns -- is refused
+  (``build`` returns None).
 * **replay**: a generated function that reads the inputs' pointers, redoes the allocations
   (``torch.empty`` / ``torch.zeros``; the buffers only launches read share one allocation,
-  512-byte aligned parts) and the dtype casts, and calls each compiled kernel's C launcher
-  with the recorded constants. Same kernels, same arguments, same stream: the
-  result is the normal call's, bit for bit.
+  512-byte aligned parts), the dtype casts and the compute ops (the same aten op on the
+  replay's tensors), and calls each compiled kernel's C launcher with the recorded
+  constants. Same kernels, same arguments, same stream: the result is the normal call's,
+  bit for bit.
 
 The caller owns the cache and its key, which must determine every host-side value the
 recorded call computed: the inputs' shapes, strides, dtypes, devices and pointer alignment
@@ -35,6 +38,7 @@ the graph's pool, launches are the compiled launchers ``FastLauncher`` calls).
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import Any, Callable, Sequence
 
 import torch
@@ -49,6 +53,14 @@ _POOL_ALIGN = 512  # bytes; what torch's caching allocator aligns blocks to
 #: torch ops a program replays (allocations and dtype casts); views are resolved by address
 _REPLAYED = {_aten.empty.memory_format: "empty", _aten.zeros.default: "zeros",
              _aten._to_copy.default: "cast"}
+#: device compute ops a program replays as calls of the same op on the replay's tensors:
+#: each output is a function of the inputs' values and of shapes only (no host sync, no
+#: value-dependent shape). The cuBLAS GEMMs and elementwise ops of the shared expert.
+_COMPUTE = frozenset({_aten.mm.default, _aten.addmm.default, _aten.add.Tensor,
+                      _aten.mul.Tensor, _aten.silu.default, _aten.sigmoid.default,
+                      _aten.cat.default})
+#: the in-place ones (they return their first argument)
+_INPLACE = frozenset({_aten.add_.Tensor, _aten.mul_.Tensor})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,7 +111,7 @@ class _Watch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in _REPLAYED:
+        if func in _REPLAYED or func in _COMPUTE or func in _INPLACE:
             self.rec.events.append(_Op(func, args, kwargs, out))
         elif not func.is_view and self.rec.refused is None:
             self.rec.refused = f"{func} is not replayed by a program"
@@ -114,10 +126,17 @@ def record(fn: Callable[[], Any]) -> tuple[Any, Recording]:
         raise RuntimeError("a program recording is already active")
     rec = Recording()
     _launch._RECORDING.append(rec)
+    collecting = gc.isenabled()
+    # NOTE: no garbage collection while watching: a finalizer run by it would put its torch
+    # ops into the recording (and a CUDA object's destructor inside a dispatch mode has been
+    # seen to abort the process: torch 2.11, a green context's)
+    gc.disable()
     try:
         with _Watch(rec):
             out = fn()
     finally:
+        if collecting:
+            gc.enable()
         _launch._RECORDING.pop()
     return out, rec
 
@@ -247,7 +266,35 @@ def _build(rec: Recording, inputs: list, outputs: list) -> Program:
 
     body: list[tuple[str, str | None]] = []  # (line, the name it defines)
     launches, runtime = 0, None
+    def value(v: Any) -> str:
+        """A compute op's argument: a tensor expression, a list of them, or a constant."""
+        if isinstance(v, torch.Tensor):
+            return tensor_ref(v)
+        if isinstance(v, (list, tuple)) and any(isinstance(a, torch.Tensor) for a in v):
+            inner = ", ".join(value(a) for a in v)
+            return f"[{inner}]" if isinstance(v, list) else f"({inner},)"
+        return const(v)
+
     for n, ev in enumerate(rec.events):
+        if isinstance(ev, _Op) and ev.func not in _REPLAYED:  # a compute op: call it again
+            if not isinstance(ev.out, torch.Tensor):
+                raise _Refused(f"{ev.func} returned {type(ev.out).__name__}")
+            call = ", ".join([value(a) for a in ev.args]
+                             + [f"{k}={value(v)}" for k, v in ev.kwargs.items()])
+            op = const(ev.func)
+            if ev.func in _INPLACE:  # writes its first argument, which it returns
+                if ev.out.data_ptr() != ev.args[0].data_ptr():
+                    raise _Refused(f"{ev.func} did not return its first argument")
+                body.append((f"{op}({call})", None))
+                continue
+            name = f"v{n}"
+            body.append((f"{name} = {op}({call})", name))
+            st = ev.out.untyped_storage()
+            regions.append((st.data_ptr(), st.data_ptr() + st.nbytes(), name))
+            materialized.add(name)
+            dtypes[name] = ev.out.dtype
+            layouts[name] = (ev.out.shape, ev.out.stride(), ev.out.dtype)
+            continue
         if isinstance(ev, _Op):
             name = f"v{n}"
             kind = _REPLAYED[ev.func]
@@ -364,14 +411,16 @@ class ProgramCache:
         """``fn()``, through the program of ``key`` when there is one (``wrap`` turns its
         output tuple into ``fn``'s result), recorded on the first call of ``key`` (``outputs``
         lists the result's tensors), and plainly when the key was refused, while a graph is
-        captured on a first call, inside another recording, or when the program cannot run
-        now. ``fn`` must read exactly ``inputs`` (see :func:`build`)."""
+        captured on a first call, inside another recording (an enclosing program must see
+        this call's launches, so it neither replays nor records), or when the program cannot
+        run now. ``fn`` must read exactly ``inputs`` (see :func:`build`)."""
+        if _launch._RECORDING:  # inside a caller's recording: its launches must be seen
+            return fn()
         program = self._entries.get(key, False)
         if program:
             res = program(*inputs)
             return fn() if res is None else wrap(res)
-        if program is False and not _launch._RECORDING and \
-                not torch.cuda.is_current_stream_capturing():
+        if program is False and not torch.cuda.is_current_stream_capturing():
             out, rec = record(fn)
             self.put(key, build(rec, inputs, outputs(out)))
             return out
