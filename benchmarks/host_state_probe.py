@@ -109,8 +109,22 @@ def probe(name: str, tokens: int, n: int) -> None:
         straight = one_rank.applies(layer, tokens)
         (program,) = [p for p in layer.programs._entries.values() if p]
         params = one_rank._parameters(layer)
+        whole = layer.programs
+
+        class _Plain:  # the layer without its whole-forward program: per-call programs
+            def call(self, key, inputs, fn, **kw):
+                return fn()
+
+        def per_call():
+            layer.programs = _Plain()
+            try:
+                return layer(x, logits)
+            finally:
+                layer.programs = whole
+
         variants = {
             "A/B: layer(x) (whole-forward program)": fwd,
+            "A/B: layer(x), per-call programs (before)": per_call,
             "A/B: one_rank.issue (per-call programs)":
                 lambda: one_rank.issue(layer, x, logits, straight, None),
             "A/B: the program alone": lambda: program(x, logits, *params),
@@ -270,6 +284,12 @@ def main() -> None:
     import os
 
     print(f"cpu affinity: {sorted(os.sched_getaffinity(0))}")
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from host_probe import _python_speed_us
+
+    print(f"python calibration loop: {_python_speed_us():.0f} us")
     if args.steps:
         busy_launches(args.forwards)
         for t in (int(v) for v in args.tokens.split(",")):

@@ -69,6 +69,7 @@ from traces._backends import (
     TorchCudaNvtxBackend,
     nvtx_tool_attached,
 )
+from traces._names import _check_index, _check_layer_idx, _check_stream, _layer_prefix, range_name
 from traces.recorder import STREAMS, ScheduleEvent, ScheduleRecorder
 
 __all__ = ["Tracer", "range_name", "nvtx_backend", "nvtx_tool_attached", "ranges_silent",
@@ -183,51 +184,6 @@ def ranges_silent(recorder: Any = None) -> bool:
     ranges altogether (the one-rank forward path does). ~0.1 µs; no host sync; thread-safe.
     """
     return recorder is None and not _get_backend().enabled and not _profiler_enabled()
-
-
-# ----------------------------------------------------------------------------------------------
-# Names
-
-
-def _check_layer_idx(layer_idx: Any) -> None:
-    if layer_idx is not None and (type(layer_idx) is not int or layer_idx < 0):
-        raise ValueError(f"layer_idx={layer_idx!r} is invalid: use an int >= 0 or None")
-
-
-def _layer_prefix(layer_idx: int | None) -> str:
-    return "moerun/L-/" if layer_idx is None else f"moerun/L{layer_idx}/"
-
-
-def range_name(layer_idx: int | None, suffix: str) -> str:
-    """The full name of a moerun range: ``"moerun/L{layer_idx}/{suffix}"``.
-
-    Args:
-        layer_idx: the layer index (int >= 0), or None, which gives ``"moerun/L-/{suffix}"``.
-        suffix: the part after the layer, e.g. ``"dispatch"``, ``"chunk0"``, ``"dbo/ub1"``.
-
-    Returns:
-        the name, exactly as emitted to NVTX / torch.profiler and stored in
-        :attr:`traces.recorder.ScheduleEvent.name`.
-
-    Side effects: none (pure). Thread-safe.
-    """
-    _check_layer_idx(layer_idx)
-    if not isinstance(suffix, str) or not suffix or suffix.startswith("/"):
-        raise ValueError(
-            f"suffix={suffix!r} is invalid: use a non-empty str without a leading '/', "
-            "e.g. 'dispatch' or 'chunk0'"
-        )
-    return _layer_prefix(layer_idx) + suffix
-
-
-def _check_index(what: str, value: Any) -> None:
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{what}={value!r} is invalid: use an int >= 0")
-
-
-def _check_stream(stream: Any) -> None:
-    if stream not in STREAMS:
-        raise ValueError(f"stream={stream!r} is invalid: use one of {sorted(STREAMS)}")
 
 
 # ----------------------------------------------------------------------------------------------
