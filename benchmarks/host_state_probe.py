@@ -9,9 +9,17 @@ A device-run probe, not a benchmark claim. For each layer shape and T it times o
   timed forward (the thread is running again when the forward starts);
 * ``back to back``: after a sync, 8 forwards issued without a sync, total / 8;
 * ``Python loop``: a fixed pure-Python loop timed right after the sync, as the forward would
-  be (does the same Python run slower after a long wait?).
+  be (does the same Python run slower after a long wait?);
+* ``A/B``: interleaved forward by forward, the layer with its whole-forward launch program,
+  without it (the router's and backend's own programs), and the program alone.
+
+``--steps`` times each step inside one forward (validation, key, program run...) after a
+sync, after a warmed entry, back to back and after a 1 ms sleep, and one C-launcher launch on
+an idle and a busy device; ``--record-cost`` a fresh layer's first three forwards (plain,
+recording, replay).
 
     python benchmarks/host_state_probe.py [--forwards 100] [--tokens 1,1024] [--shapes ...]
+    python benchmarks/host_state_probe.py --steps | --record-cost
 """
 
 from __future__ import annotations
@@ -229,6 +237,45 @@ def _steps(layer, sched, x, logits, names, n, mode, title) -> None:
     print(f"  {'total':52s} {statistics.median(total):8.1f}")
 
 
+def record_cost(name: str, tokens: int) -> None:
+    """Host µs of a fresh layer's first three forwards of a shape (kernels already compiled
+    by another layer): plain (the key is marked), recording, replay; then the median replay."""
+    from moerun.bench.layer import LAYER_SHAPES
+    from moerun.config import MoEConfig
+    from moerun.layer import ConfigurableMoE
+
+    s = LAYER_SHAPES[name]
+    bf = torch.bfloat16
+    cfg = MoEConfig(num_experts=s.experts, top_k=s.top_k, hidden_size=s.hidden,
+                    intermediate_size=s.intermediate, routing=s.routing, dtype=bf,
+                    shared_intermediate_size=s.shared, check_inputs=False)
+    e, h, i = s.experts, s.hidden, s.intermediate
+    w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=bf) * h ** -0.5
+    w2 = torch.randn(e, h, i, device="cuda", dtype=bf) * i ** -0.5
+    shared = None
+    if s.shared:
+        shared = {"w13": torch.randn(2 * s.shared, h, device="cuda", dtype=bf) * h ** -0.5,
+                  "w2": torch.randn(h, s.shared, device="cuda", dtype=bf) * s.shared ** -0.5}
+    bias = torch.randn(e, device="cuda") if s.routing.uses_correction_bias else None
+    x = torch.randn(tokens, h, device="cuda", dtype=bf)
+    logits = torch.randn(tokens, e, device="cuda")
+    times = []
+    with torch.no_grad():
+        for _ in range(2):  # the first layer compiles the kernels
+            with ConfigurableMoE(cfg, device="cuda", layer_idx=0) as layer:
+                layer.load_weights(w13, w2, shared, e_score_correction_bias=bias)
+                times = []
+                for _ in range(23):
+                    torch.cuda.synchronize()  # NOTE: host sync, outside the timed region
+                    t0 = time.perf_counter()
+                    layer(x, logits)
+                    times.append((time.perf_counter() - t0) * 1e6)
+                torch.cuda.synchronize()
+    print(f"\n== first forwards of a fresh layer, {name} T={tokens} (host µs)")
+    print(f"  1st (plain, key marked) {times[0]:8.1f}   2nd (recording) {times[1]:8.1f}   "
+          f"3rd (replay) {times[2]:8.1f}   median of 20 replays {statistics.median(times[3:]):8.1f}")
+
+
 def busy_launches(n: int) -> None:
     """10 launches of a tiny kernel through its C launcher: idle device, behind a 2 ms sleep
     kernel, behind a 2 GB device copy (memory traffic)."""
@@ -280,6 +327,8 @@ def main() -> None:
     parser.add_argument("--steps", action="store_true",
                         help="time each step of the forward inside one call, and one launch "
                              "on an idle and a busy device, instead")
+    parser.add_argument("--record-cost", action="store_true",
+                        help="time a fresh layer's first forwards (plain, recording, replay)")
     args = parser.parse_args()
     import os
 
@@ -290,6 +339,11 @@ def main() -> None:
     from host_probe import _python_speed_us
 
     print(f"python calibration loop: {_python_speed_us():.0f} us")
+    if args.record_cost:
+        for t in (int(v) for v in args.tokens.split(",")):
+            for name in args.shapes.split(","):
+                record_cost(name, t)
+        return
     if args.steps:
         busy_launches(args.forwards)
         for t in (int(v) for v in args.tokens.split(",")):

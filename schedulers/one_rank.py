@@ -14,10 +14,11 @@ no profiler). What remains is the device work in 4.1's order. A decode step is h
 result is the general path's, bit for bit (tests compare the two).
 
 On CUDA the whole path -- routing launch, expert launches, shared-expert GEMMs -- is one
-launch program (``moerun._triton.program``) from the second forward of a shape on: the
-layer's ``programs`` cache, keyed by the :class:`Straight`, the layout of ``x`` and the
-logits and the addresses of the parameters the path reads, replays the recorded allocations,
-launches and GEMMs with the Python of the router, backend and shared expert taken out. A
+launch program (``moerun._triton.program``) from the third forward of a shape on (recorded
+at the second): the layer's ``programs`` cache, keyed by the :class:`Straight`, the layout
+of ``x`` and the logits and the addresses of the parameters the path reads, replays the
+recorded allocations, launches and GEMMs with the Python of the router, backend and shared
+expert taken out. A
 forward with an ``input_ready_event`` (its wait sits between routing and the first read of
 ``x``) and a path the recording refuses (a persistent-kernel bucket's descriptor scratch,
 for one) take the plain issue below.

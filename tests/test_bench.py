@@ -578,3 +578,31 @@ def test_fp8_bench_floor_json_and_errors_by_hand(tmp_path):
     assert "every cell within 3e-2 of the DESIGN 11a reference" in out
     rc, _, err = _bench(["--dtype", "fp8", "--shapes", "tiny"])
     assert rc == 2 and "multiples of 128" in err
+
+
+def test_layer_bench_reports_what_the_checks_add_beyond_their_sync(tmp_path):
+    """``moerun bench --layer`` on the CPU smoke layer: three rounds of every host figure,
+    the NaN scan's own cost, and the check extra = host+chk - host - scan, in the line and
+    the JSON."""
+    from moerun.bench.layer_command import run_layer_bench
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out_json = tmp_path / "layer.json"
+    args = parser.parse_args(FAST + ["--tokens", "1,5", "--ceilings", "1e9,1e9,1e12",
+                                     "--out", str(out_json)])
+    out, err = io.StringIO(), io.StringIO()
+    assert run_layer_bench(args, out=out, err=err) == 0, err.getvalue()
+    data = json.loads(out_json.read_text())
+    assert [c["tokens"] for c in data["cells"]] == [1, 5]
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("tiny")]
+    assert len(lines) == 2
+    for cell, line in zip(data["cells"], lines, strict=True):
+        for fig in ("host", "host_checked", "scan"):
+            rounds = cell[f"{fig}_rounds_us"]
+            assert len(rounds) == 3 and all(v > 0 for v in rounds)
+            assert cell[f"{fig}_us"] == min(rounds)
+        extra = cell["host_checked_us"] - cell["host_us"] - cell["scan_us"]
+        printed = float(re.search(r"chk-extra +(-?[\d.]+)", line).group(1))
+        assert abs(printed - extra) < 0.06, (line, extra)
+        assert f"scan {cell['scan_us']:9.1f}" in line

@@ -176,8 +176,9 @@ def test_a_cache_inside_a_recording_neither_replays_nor_records(fake_cuda, monke
     fast, calls = fake_cuda
     x = torch.arange(6, dtype=torch.int32)
     inner = ProgramCache()
-    inner.call("k", (x,), lambda: _wrapper(fast, calls, x, 2), outputs=lambda r: r,
-               wrap=lambda t: t)
+    for _ in range(2):  # the second call records
+        inner.call("k", (x,), lambda: _wrapper(fast, calls, x, 2), outputs=lambda r: r,
+                   wrap=lambda t: t)
     assert inner.get("k")  # recorded: the next call outside a recording would replay
     (out, flag), rec = record(lambda: inner.call("k", (x,), lambda: _wrapper(fast, calls, x, 3),
                                                  outputs=lambda r: r, wrap=lambda t: t))
@@ -277,3 +278,27 @@ def test_buffers_only_launches_read_share_one_allocation(fake_cuda):
     assert pool_calls[1]["src"] == a_ptr and pool_calls[2]["src"] == b_ptr
     assert (b_ptr - 16 - a_ptr) % 512 == 0 and b_ptr - 16 >= a_ptr + 7 * 4  # disjoint parts
     assert pool_calls[2]["dst"] == got.data_ptr()
+
+
+def test_a_key_is_recorded_at_its_second_call_and_replayed_from_its_third(fake_cuda,
+                                                                           monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    fast, calls = fake_cuda
+    cache = ProgramCache()
+    plain_calls = []
+
+    def fn(x):
+        plain_calls.append(1)
+        return _wrapper(fast, calls, x, 3)
+
+    outs = []
+    for _ in range(4):
+        x = torch.randint(-9, 9, (6,), dtype=torch.int32)
+        outs.append((x, cache.call("k", (x,), lambda x=x: fn(x), outputs=lambda r: r,
+                                   wrap=lambda t: t)))
+        if len(outs) == 1:
+            assert cache.get("k") is False and len(cache) == 1  # seen once, not recorded
+    assert len(plain_calls) == 2  # the first call and the recording; then replays
+    assert cache.get("k")
+    for x, (out, flag) in outs:
+        assert out.tolist() == [3 * v for v in x.tolist()[1:]] and flag.tolist()[0] == 5

@@ -266,6 +266,7 @@ def _build(rec: Recording, inputs: list, outputs: list) -> Program:
 
     body: list[tuple[str, str | None]] = []  # (line, the name it defines)
     launches, runtime = 0, None
+
     def value(v: Any) -> str:
         """A compute op's argument: a tensor expression, a list of them, or a constant."""
         if isinstance(v, torch.Tensor):
@@ -394,10 +395,17 @@ def layout_key(tensors: Sequence[torch.Tensor]) -> tuple:
                  for t in tensors)
 
 
+#: a key called once: recorded at its next call
+_SEEN = object()
+
+
 class ProgramCache:
     """Programs by the caller's key, with the keys refused remembered (None) so a call that
-    cannot be replayed is recorded once. At most ``capacity`` keys (cleared when full: call
-    shapes in serving repeat, so the working set refills at once). Host only."""
+    cannot be replayed is recorded once. A key is recorded at its *second* call: recording
+    (the dispatch mode, code generation) costs more host time than the call, so a shape seen
+    once -- a one-off prefill length -- never pays for it. At most ``capacity`` keys (cleared
+    when full: call shapes in serving repeat, so the working set refills at once). Host
+    only."""
 
     __slots__ = ("_entries", "capacity")
 
@@ -409,26 +417,33 @@ class ProgramCache:
              outputs: Callable[[Any], tuple] = lambda r: (r,),
              wrap: Callable[[tuple], Any] = lambda t: t[0]) -> Any:
         """``fn()``, through the program of ``key`` when there is one (``wrap`` turns its
-        output tuple into ``fn``'s result), recorded on the first call of ``key`` (``outputs``
-        lists the result's tensors), and plainly when the key was refused, while a graph is
-        captured on a first call, inside another recording (an enclosing program must see
-        this call's launches, so it neither replays nor records), or when the program cannot
-        run now. ``fn`` must read exactly ``inputs`` (see :func:`build`)."""
+        output tuple into ``fn``'s result), recorded on the second call of ``key``
+        (``outputs`` lists the result's tensors), and plainly on the first call, when the key
+        was refused, while a graph is captured on a call that would record, inside another
+        recording (an enclosing program must see this call's launches, so it neither replays
+        nor records), or when the program cannot run now. ``fn`` must read exactly
+        ``inputs`` (see :func:`build`)."""
         if _launch._RECORDING:  # inside a caller's recording: its launches must be seen
             return fn()
         program = self._entries.get(key, False)
-        if program:
-            res = program(*inputs)
-            return fn() if res is None else wrap(res)
-        if program is False and not torch.cuda.is_current_stream_capturing():
+        if program is False:  # first call: remember the key
+            self.put(key, _SEEN)
+            return fn()
+        if program is _SEEN:
+            if torch.cuda.is_current_stream_capturing():
+                return fn()
             out, rec = record(fn)
             self.put(key, build(rec, inputs, outputs(out)))
             return out
-        return fn()
+        if program is None:
+            return fn()
+        res = program(*inputs)
+        return fn() if res is None else wrap(res)
 
     def get(self, key: Any) -> Program | None | bool:
-        """The program for ``key``; None if refused; False if never seen."""
-        return self._entries.get(key, False)
+        """The program for ``key``; None if refused; False if not recorded (yet)."""
+        program = self._entries.get(key, False)
+        return False if program is _SEEN else program
 
     def put(self, key: Any, program: Program | None) -> None:
         if len(self._entries) >= self.capacity:

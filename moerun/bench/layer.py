@@ -10,6 +10,10 @@ Per cell (layer shape x T), in one run and with ceilings measured in that run:
   figure is the lowest round, ``host_rounds_us`` / ``host_checked_rounds_us`` keep all three
   (the device machine's host shares its CPUs: the same code's round medians differ by up to
   2x within one process, so the least-disturbed round is the code's cost);
+* ``scan_us``: the documented sync of ``check_inputs=True`` alone -- the NaN/Inf scan of the
+  logits and its device->host read, timed like the forwards in each round -- so
+  :meth:`LayerCell.check_extra_us` (``host_checked_us - host_us - scan_us``) is what the
+  checks cost beyond it, within one run;
 * ``eager_us``: device-event time per forward, forwards issued back to back (host gaps
   included: when the host is slower than the device, this is host-bound);
 * ``graph_us``: per-forward time of a CUDA graph holding ``calls`` forwards (CUDA only);
@@ -119,9 +123,16 @@ class LayerCell:
     note: str = ""
     host_rounds_us: tuple[float, ...] = ()
     host_checked_rounds_us: tuple[float, ...] = ()
+    scan_us: float = float("nan")
+    scan_rounds_us: tuple[float, ...] = ()
 
     def ratio(self, us: float | None) -> float | None:
         return None if us is None or us <= 0 else self.floor_us / us
+
+    def check_extra_us(self) -> float:
+        """What ``check_inputs=True`` adds to a forward's host time beyond its documented
+        sync: ``host_checked_us - host_us - scan_us`` (NaN where not measured)."""
+        return self.host_checked_us - self.host_us - self.scan_us
 
     def line(self) -> str:
         def f(v: float | None, fmt: str = "{:9.1f}") -> str:
@@ -130,7 +141,8 @@ class LayerCell:
         g_over_k = (None if self.graph_us is None or not self.kernels_graph_us
                     else self.graph_us / self.kernels_graph_us)
         return (f"{self.shape:14s} T={self.tokens:<5d} host {f(self.host_us)} "
-                f"host+chk {f(self.host_checked_us)} eager {f(self.eager_us)} "
+                f"host+chk {f(self.host_checked_us)} scan {f(self.scan_us)} "
+                f"chk-extra {f(self.check_extra_us())} eager {f(self.eager_us)} "
                 f"graph {f(self.graph_us)} kern.graph {f(self.kernels_graph_us)} "
                 f"kern.eager {f(self.kernels_eager_us)} graph/kern {f(g_over_k, '{:5.3f}')} "
                 f"floor {self.floor_us:8.1f} ({self.bound}) floor/graph "
@@ -250,6 +262,10 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
 
         rounds: list[float] = []
         rounds_checked: list[float] = []
+        rounds_scan: list[float] = []
+
+        def scan(j: int) -> bool:  # what check_inputs=True syncs on (schedulers/validation.py)
+            return bool(torch.isfinite(logits[j % calls]).all())  # NOTE: host sync
 
         def host_round() -> None:  # one round of each host figure (see the module docstring)
             if host:
@@ -257,6 +273,7 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
                 layer.config = cfg.replace(check_inputs=True)  # bench only: same weights
                 rounds_checked.append(_host_us(forward, dev, settings.host_samples))
                 layer.config = cfg
+                rounds_scan.append(_host_us(scan, dev, settings.host_samples))
 
         host_round()
         eager = _median_us(time_samples(forward, dev, settings.repeats, warmup=settings.warmup))
@@ -283,7 +300,9 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
                          host_us=min(rounds) if rounds else nan,
                          host_checked_us=min(rounds_checked) if rounds_checked else nan,
                          host_rounds_us=tuple(rounds),
-                         host_checked_rounds_us=tuple(rounds_checked), eager_us=eager,
+                         host_checked_rounds_us=tuple(rounds_checked),
+                         scan_us=min(rounds_scan) if rounds_scan else nan,
+                         scan_rounds_us=tuple(rounds_scan), eager_us=eager,
                          graph_us=graph, kernels_eager_us=k_eager, kernels_graph_us=k_graph,
                          err=err, note="; ".join(notes))
         del xs, logits, routed, out

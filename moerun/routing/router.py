@@ -121,7 +121,7 @@ class TritonRouter(Router):
         return Eligibility.yes()
 
     def __call__(self, router_logits: torch.Tensor, *, valid_rows: int) -> Routed:
-        """See :meth:`Router.__call__`. On CUDA, from the second call of a logits shape on,
+        """See :meth:`Router.__call__`. On CUDA, from the third call of a logits shape on,
         the launch is replayed as a launch program (``moerun._triton.program``: the same
         allocations and launch, the checks done once)."""
         bias = self.correction_bias

@@ -168,7 +168,7 @@ class TritonExperts(Backend):
         """An ungated shared expert: up to
         :data:`~moerun.backends.triton.dense.MAX_DENSE_ROWS` rows two launches of
         ``dense.shared_mlp_add`` (decode: the torch form's six ops cost more host time than
-        the GPU spends; a launch program on CUDA from the second call of a shape), above it
+        the GPU spends; a launch program on CUDA from the third call of a shape), above it
         ``dense.shared_mlp_add_gemm`` (cuBLAS GEMMs around one ``silu_mul`` launch). A gated
         one: the torch form."""
         from moerun.backends.triton import dense
@@ -237,8 +237,9 @@ class TritonExperts(Backend):
         the routed shape's (its ``K``), so tuned files keep applying.
 
         On CUDA, a bf16/fp16/fp32 call without ``shared``/``quant`` replays a launch program
-        (``moerun._triton.program``) from the second call of its shape on: the same
-        allocations and launches with the argument checks and size arithmetic done once."""
+        (``moerun._triton.program``) from the third call of its shape on (recorded at the
+        second): the same allocations and launches with the argument checks and size
+        arithmetic done once."""
         if quant is None and shared is None and x.is_cuda:
             out = self._replay(x, w13, w2, topk_weights, topk_ids)
             if out is not None:
@@ -246,7 +247,7 @@ class TritonExperts(Backend):
         return self._run_plain(x, w13, w2, topk_weights, topk_ids, shared, quant)
 
     def _replay(self, x, w13, w2, topk_weights, topk_ids):
-        """The call through its launch program (recorded on the first call of the key), or
+        """The call through its launch program (recorded at the second call of the key), or
         None for the plain path. The key holds every input's shape, stride, dtype, device and
         16-byte pointer alignment, and the tile config the call looks up."""
         if x.dim() != 2 or w13.dim() != 3 or topk_ids.dim() != 2:
