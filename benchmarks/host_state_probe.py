@@ -58,29 +58,25 @@ def _timed(fn, n: int, *, spin_us: float = 0.0, batch: int = 1) -> float:
     return statistics.median(out)
 
 
-def probe(name: str, tokens: int, n: int) -> None:
-    from moerun.bench.layer import LAYER_SHAPES
-    from moerun.config import MoEConfig
-    from moerun.layer import ConfigurableMoE
+def _setup(name: str, tokens: int):
+    """The bench's own layer pieces (``moerun.bench.layer``): the shape, bf16 CUDA settings,
+    random weights, and fresh ``x`` / logits of ``tokens`` rows."""
+    from moerun.bench.layer import LAYER_SHAPES, LayerSettings, make_weights
 
-    s = LAYER_SHAPES[name]
-    bf = torch.bfloat16
-    cfg = MoEConfig(num_experts=s.experts, top_k=s.top_k, hidden_size=s.hidden,
-                    intermediate_size=s.intermediate, routing=s.routing, dtype=bf,
-                    shared_intermediate_size=s.shared, check_inputs=False)
-    with torch.no_grad(), ConfigurableMoE(cfg, device="cuda", layer_idx=0) as layer:
-        e, h, i = s.experts, s.hidden, s.intermediate
-        w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=bf) * h ** -0.5
-        w2 = torch.randn(e, h, i, device="cuda", dtype=bf) * i ** -0.5
-        shared = None
-        if s.shared:
-            shared = {"w13": torch.randn(2 * s.shared, h, device="cuda", dtype=bf) * h ** -0.5,
-                      "w2": torch.randn(h, s.shared, device="cuda", dtype=bf) * s.shared ** -0.5}
-        bias = torch.randn(e, device="cuda") if s.routing.uses_correction_bias else None
-        layer.load_weights(w13, w2, shared, e_score_correction_bias=bias)
-        del w13, w2
-        x = torch.randn(tokens, h, device="cuda", dtype=bf)
-        logits = torch.randn(tokens, e, device="cuda")
+    shape = LAYER_SHAPES[name]
+    settings = LayerSettings(device=torch.device("cuda"), dtype=torch.bfloat16)
+    weights = make_weights(shape, settings, seed=tokens)
+    x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    logits = torch.randn(tokens, shape.experts, device="cuda")
+    return shape, settings, weights, x, logits
+
+
+def probe(name: str, tokens: int, n: int) -> None:
+    from moerun.bench.layer import build_layer
+
+    shape, settings, weights, x, logits = _setup(name, tokens)
+    with torch.no_grad(), build_layer(shape, settings, weights) as layer:
+        del weights
         fwd = lambda: layer(x, logits)  # noqa: E731
         for _ in range(10):
             fwd()
@@ -154,27 +150,11 @@ def probe(name: str, tokens: int, n: int) -> None:
 def steps(name: str, tokens: int, n: int) -> None:
     """Host µs of each step of one layer forward, timed inside the same call (perf_counter
     between the steps of ``ConfigurableMoE.forward``'s one-rank path), median of ``n``."""
-    from moerun.bench.layer import LAYER_SHAPES
-    from moerun.config import MoEConfig
-    from moerun.layer import ConfigurableMoE
+    from moerun.bench.layer import build_layer
 
-    s = LAYER_SHAPES[name]
-    bf = torch.bfloat16
-    cfg = MoEConfig(num_experts=s.experts, top_k=s.top_k, hidden_size=s.hidden,
-                    intermediate_size=s.intermediate, routing=s.routing, dtype=bf,
-                    shared_intermediate_size=s.shared, check_inputs=False)
-    with torch.no_grad(), ConfigurableMoE(cfg, device="cuda", layer_idx=0) as layer:
-        e, h, i = s.experts, s.hidden, s.intermediate
-        shared = None
-        if s.shared:
-            shared = {"w13": torch.randn(2 * s.shared, h, device="cuda", dtype=bf) * h ** -0.5,
-                      "w2": torch.randn(h, s.shared, device="cuda", dtype=bf) * s.shared ** -0.5}
-        bias = torch.randn(e, device="cuda") if s.routing.uses_correction_bias else None
-        layer.load_weights(torch.randn(e, 2 * i, h, device="cuda", dtype=bf) * h ** -0.5,
-                           torch.randn(e, h, i, device="cuda", dtype=bf) * i ** -0.5, shared,
-                           e_score_correction_bias=bias)
-        x = torch.randn(tokens, h, device="cuda", dtype=bf)
-        logits = torch.randn(tokens, e, device="cuda")
+    shape, settings, weights, x, logits = _setup(name, tokens)
+    with torch.no_grad(), build_layer(shape, settings, weights) as layer:
+        del weights
         for _ in range(5):
             layer(x, logits)
         sched = layer.scheduler
@@ -240,30 +220,13 @@ def _steps(layer, sched, x, logits, names, n, mode, title) -> None:
 def record_cost(name: str, tokens: int) -> None:
     """Host µs of a fresh layer's first three forwards of a shape (kernels already compiled
     by another layer): plain (the key is marked), recording, replay; then the median replay."""
-    from moerun.bench.layer import LAYER_SHAPES
-    from moerun.config import MoEConfig
-    from moerun.layer import ConfigurableMoE
+    from moerun.bench.layer import build_layer
 
-    s = LAYER_SHAPES[name]
-    bf = torch.bfloat16
-    cfg = MoEConfig(num_experts=s.experts, top_k=s.top_k, hidden_size=s.hidden,
-                    intermediate_size=s.intermediate, routing=s.routing, dtype=bf,
-                    shared_intermediate_size=s.shared, check_inputs=False)
-    e, h, i = s.experts, s.hidden, s.intermediate
-    w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=bf) * h ** -0.5
-    w2 = torch.randn(e, h, i, device="cuda", dtype=bf) * i ** -0.5
-    shared = None
-    if s.shared:
-        shared = {"w13": torch.randn(2 * s.shared, h, device="cuda", dtype=bf) * h ** -0.5,
-                  "w2": torch.randn(h, s.shared, device="cuda", dtype=bf) * s.shared ** -0.5}
-    bias = torch.randn(e, device="cuda") if s.routing.uses_correction_bias else None
-    x = torch.randn(tokens, h, device="cuda", dtype=bf)
-    logits = torch.randn(tokens, e, device="cuda")
+    shape, settings, weights, x, logits = _setup(name, tokens)
     times = []
     with torch.no_grad():
         for _ in range(2):  # the first layer compiles the kernels
-            with ConfigurableMoE(cfg, device="cuda", layer_idx=0) as layer:
-                layer.load_weights(w13, w2, shared, e_score_correction_bias=bias)
+            with build_layer(shape, settings, weights) as layer:
                 times = []
                 for _ in range(23):
                     torch.cuda.synchronize()  # NOTE: host sync, outside the timed region

@@ -314,7 +314,9 @@ class TritonExperts(Backend):
         return moe_sum(y, ids, s + n_shared)  # launch 4
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:
-        """Aligned ``act`` rows + per-pair rows (or the fp32 sum) + index buffers."""
+        """Aligned ``act`` rows + per-pair rows (or the fp32 sum) + index buffers, plus the
+        rows gathered into aligned order for the persistent kernels' TMA loads (``a_tma``
+        configs); an upper bound over every config a T bucket may pick."""
         elt = torch.empty((), dtype=problem.dtype).element_size()
         k, h, i, s = (problem.top_k, problem.hidden_size, problem.intermediate_size,
                       problem.num_slots)
@@ -322,4 +324,5 @@ class TritonExperts(Backend):
         bm = 128  # the largest block any config uses: the bound on padded rows
         aligned = pairs + min(s, pairs) * (bm - 1)
         per_pair = max(pairs * h * elt, rows * h * 4)
-        return aligned * (i * elt + 4) + per_pair + rows * h * elt
+        gathered = aligned * h * elt  # persistent a_tma: x rows copied into aligned order
+        return aligned * (i * elt + 4) + per_pair + rows * h * elt + gathered
