@@ -302,3 +302,26 @@ def test_a_key_is_recorded_at_its_second_call_and_replayed_from_its_third(fake_c
     assert cache.get("k")
     for x, (out, flag) in outs:
         assert out.tolist() == [3 * v for v in x.tolist()[1:]] and flag.tolist()[0] == 5
+
+
+def test_a_compute_op_on_a_tensor_nobody_passed_in_is_refused():
+    """A tensor the call reads but was not given as an input (a captured weight) would be
+    baked into the program as it was: refused instead."""
+    w = torch.randn(4, 3)  # read by the call, not an input
+    x = torch.randn(2, 4)
+    out, rec = record(lambda: torch.mm(x, w))
+    assert build(rec, (x,), (out,)) is None
+    assert build(rec, (x, w), (out,)) is not None
+
+
+def test_addmm_keywords_replay():
+    g = torch.Generator().manual_seed(9)
+    inputs = tuple(torch.randn(*s, generator=g) for s in ((3, 5), (3, 4), (4, 5)))
+    out, rec = record(lambda: torch.addmm(inputs[0], inputs[1], inputs[2], beta=0.5,
+                                          alpha=2.0))
+    program = build(rec, inputs, (out,))
+    assert program is not None
+    new = tuple(torch.randn(*t.shape, generator=g) for t in inputs)
+    (got,) = program(*new)
+    c, a, b = (t.double() for t in new)
+    assert (got.double() - (0.5 * c + 2.0 * (a @ b))).abs().max().item() < 1e-5
