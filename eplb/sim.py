@@ -1,6 +1,6 @@
 """EPLB simulator: synthetic and recorded loads, imbalance figures, DeepSeek's EPLB as baseline.
 
-``main(argv)`` is the ``moerun eplb-sim`` command. Everything here is CPU-only and
+The ``moerun eplb-sim`` command is :mod:`eplb.sim_cli`. Everything here is CPU-only and
 deterministic for a given seed (each generator is a local ``torch.Generator``).
 
 Legend: ``L`` layers, ``E`` experts, ``S`` slots, ``R`` ranks, ``D`` drift draws, ``T`` windows.
@@ -18,13 +18,9 @@ Figures:
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
@@ -35,7 +31,6 @@ __all__ = [
     "CaseResult", "DriftResult", "deepseek_rebalance", "uniform_load", "zipf_load", "hot_load",
     "drift_factors", "rank_loads", "imbalance", "contiguous_imbalance", "slots_moved",
     "hierarchical_bound", "simulate_known", "simulate_drift", "simulate_sequence",
-    "build_parser", "main",
 ]
 
 Policy = Callable[..., Placement]
@@ -365,138 +360,3 @@ def simulate_sequence(loads: torch.Tensor, num_slots: int, num_groups: int, num_
         old, ds_old = ours.phy2log, ds.phy2log
     return {k: torch.stack(v).to(torch.float64) if v else torch.zeros(0, L, dtype=torch.float64)
             for k, v in out.items()}
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="moerun eplb-sim",
-        description="Simulate the EPLB policy against DeepSeek's EPLB on synthetic or recorded "
-                    "loads. One line per case: max/mean rank load before (no redundancy, "
-                    "contiguous), after (eplb.rebalance), DeepSeek's after, and slots moved "
-                    "per rebalance as a fraction of a full reload (bytes = slots x expert bytes).")
-    p.add_argument("--experts", type=int, default=256, help="logical experts E (default 256)")
-    p.add_argument("--ranks", type=int, default=8, help="EP ranks R (default 8)")
-    p.add_argument("--slots", type=int, default=288, help="physical slots S (default 288)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes N (default 1)")
-    p.add_argument("--groups", type=int, default=1, help="expert groups G (default 1)")
-    p.add_argument("--layers", type=int, default=1, help="layers for synthetic loads (default 1)")
-    p.add_argument("--load", nargs="+", default=["zipf"],
-                   choices=("uniform", "zipf", "hot", "drift", "file"),
-                   help="cases to run (default zipf); zipf and drift run once per --zipf-s")
-    p.add_argument("--zipf-s", type=float, nargs="+", default=[1.2],
-                   help="Zipf exponents (default 1.2)")
-    p.add_argument("--hot-share", type=float, default=0.3,
-                   help="share of tokens on expert 0 for --load hot (default 0.3)")
-    p.add_argument("--sigma", type=float, default=0.3,
-                   help="log-normal drift sigma for --load drift (default 0.3)")
-    p.add_argument("--draws", type=int, default=50, help="drift draws (default 50)")
-    p.add_argument("--replans", type=int, default=None,
-                   help="drift draws also re-planned for migration (default: all --draws)")
-    p.add_argument("--load-file", type=Path, default=None,
-                   help="for --load file: .pt or .json tensor [steps, L, E] or [L, E] "
-                        "(default: none)")
-    p.add_argument("--tokens", type=int, default=100000,
-                   help="tokens per synthetic load (default 100000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every generator (default 0)")
-    return p
-
-
-def _read_load_file(path: Path | None) -> torch.Tensor:
-    if path is None:
-        raise SystemExit("--load file needs --load-file PATH (.pt or .json)")
-    if path.suffix == ".pt":
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        t = data if isinstance(data, torch.Tensor) else torch.tensor(data)
-    elif path.suffix == ".json":
-        t = torch.tensor(json.loads(path.read_text()))
-    else:
-        raise SystemExit(f"--load-file {path}: expected a .pt or .json file")
-    if t.dim() == 2:
-        t = t.unsqueeze(0)
-    if t.dim() != 3:
-        raise SystemExit(f"--load-file {path}: expected [steps, L, E] or [L, E], got "
-                         f"{list(t.shape)}")
-    return t.to(torch.float64)
-
-
-def _f(x: torch.Tensor) -> str:
-    """Mean over layers (and draws) with 4 decimals."""
-    return f"{float(x.mean()):.4f}" if x.numel() else "n/a"
-
-
-def _pct(x: torch.Tensor) -> str:
-    return f"{100 * float(x.mean()):.1f}%" if x.numel() else "n/a"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the cases in ``argv`` and print one line per case; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    sizes = (args.slots, args.groups, args.nodes, args.ranks)
-    E, R = args.experts, args.ranks
-    try:
-        _check_sizes(E, *sizes)
-    except ValueError as err:
-        print(f"moerun eplb-sim: {err}", file=sys.stderr)
-        return 2
-    mode = "hierarchical" if args.groups % args.nodes == 0 and args.nodes > 1 else "global"
-    print(f"# E={E} S={args.slots} R={R} N={args.nodes} G={args.groups} policy={mode} "
-          f"layers={args.layers} tokens={args.tokens} seed={args.seed}; figures are means "
-          "over layers (and draws); moved = slots rewritten / S")
-    cases: list[tuple[str, torch.Tensor]] = []
-    for kind in args.load:
-        if kind == "uniform":
-            cases.append(("uniform", uniform_load(E, args.tokens, args.seed, args.layers)))
-        elif kind == "zipf":
-            cases += [(f"zipf(s={s})", zipf_load(E, s, args.tokens, args.seed, args.layers))
-                      for s in args.zipf_s]
-        elif kind == "hot":
-            cases.append((f"hot(share={args.hot_share})",
-                          hot_load(E, args.tokens, args.seed, args.hot_share, args.layers)))
-        elif kind == "drift":
-            for s in args.zipf_s:
-                _print_drift(f"drift(zipf s={s},sigma={args.sigma},draws={args.draws})",
-                             zipf_load(E, s, args.tokens, args.seed, args.layers), sizes, args)
-        else:
-            loads = _read_load_file(args.load_file)
-            if loads.shape[-1] != E:
-                print(f"moerun eplb-sim: --load-file has E={loads.shape[-1]}, --experts {E}",
-                      file=sys.stderr)
-                return 2
-            if loads.shape[0] == 1:
-                cases.append((f"file({args.load_file.name})", loads[0]))
-            else:
-                seq = simulate_sequence(loads, *sizes)
-                print(f"case=file({args.load_file.name}) windows={loads.shape[0]} "
-                      f"plan_on=t measure_on=t+1 before={_f(seq['before'])} "
-                      f"after={_f(seq['after'])} deepseek={_f(seq['deepseek'])} "
-                      f"moved={_pct(seq['moved'])} deepseek_moved={_pct(seq['deepseek_moved'])}")
-    for name, load in cases:
-        res = simulate_known(load, *sizes)
-        line = (f"case={name} before={_f(res.before)} after={_f(res.after)} "
-                f"deepseek={_f(res.deepseek)} moved={_pct(res.moved)} "
-                f"deepseek_moved={_pct(res.deepseek_moved)} (first rebalance from the default "
-                "placement)")
-        if res.bound is not None:
-            line += (f" bound={_f(res.bound)} gap={_pct(res.after / res.bound - 1)} "
-                     f"deepseek_gap={_pct(res.deepseek / res.bound - 1)}")
-        print(line)
-    return 0
-
-
-def _print_drift(name: str, load: torch.Tensor, sizes: tuple[int, int, int, int],
-                 args: argparse.Namespace) -> None:
-    replans = args.draws if args.replans is None else args.replans
-    res = simulate_drift(load, *sizes, sigma=args.sigma, draws=args.draws, seed=args.seed + 1,
-                         replans=replans)
-    print(f"case={name} before={_f(res.before)} after={_f(res.after)} "
-          f"deepseek={_f(res.deepseek)} | replan on the drifted load ({replans} draws): "
-          f"after={_f(res.replan_after)} moved={_pct(res.replan_moved)} "
-          f"deepseek_after={_f(res.deepseek_replan_after)} "
-          f"deepseek_moved={_pct(res.deepseek_replan_moved)}")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

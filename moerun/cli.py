@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return tune_main(argv[1:])
     if argv and argv[0] == "eplb-sim":
-        from eplb.sim import main as sim_main
+        from eplb.sim_cli import main as sim_main
 
         return sim_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -140,7 +140,7 @@ def test_tune_help_explains_every_option():
 
 
 def test_eplb_sim_help_states_defaults():
-    from eplb.sim import build_parser
+    from eplb.sim_cli import build_parser
 
     options = _options(build_parser())
     assert all(a.help for a in options.values())

@@ -21,8 +21,9 @@ import torch
 import eplb
 from eplb import rebalance
 from eplb.sim import (contiguous_imbalance, deepseek_rebalance, drift_factors,
-                      hierarchical_bound, hot_load, imbalance, main, rank_loads, slots_moved,
+                      hierarchical_bound, hot_load, imbalance, rank_loads, slots_moved,
                       zipf_load)
+from eplb.sim_cli import main
 
 E, R, S = 256, 8, 288
 P = S // R
