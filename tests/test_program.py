@@ -325,3 +325,20 @@ def test_addmm_keywords_replay():
     (got,) = program(*new)
     c, a, b = (t.double() for t in new)
     assert (got.double() - (0.5 * c + 2.0 * (a @ b))).abs().max().item() < 1e-5
+
+
+def test_programs_off_runs_every_call_plainly(fake_cuda, monkeypatch):
+    """``MOERUN_LAUNCH_PROGRAMS=0`` (the module's ``ENABLED``): no key is marked, recorded or
+    replayed."""
+    from moerun._triton import program as program_mod
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(program_mod, "ENABLED", False)
+    fast, calls = fake_cuda
+    cache = ProgramCache()
+    x = torch.arange(6, dtype=torch.int32)
+    for scale in (2, 3, 4):
+        out, _ = cache.call("k", (x,), lambda s=scale: _wrapper(fast, calls, x, s),
+                            outputs=lambda r: r, wrap=lambda t: t)
+        assert out.tolist() == [scale * v for v in range(1, 6)]
+    assert len(cache) == 0 and len(calls) == 3

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 from typing import Any, Callable, Sequence
 
 import torch
@@ -397,6 +398,9 @@ def layout_key(tensors: Sequence[torch.Tensor]) -> tuple:
 
 #: a key called once: recorded at its next call
 _SEEN = object()
+#: ``MOERUN_LAUNCH_PROGRAMS=0`` (read once, at import): every cache runs its calls plainly
+#: -- an escape hatch for debugging a suspected replay, at the plain path's host cost
+ENABLED = os.environ.get("MOERUN_LAUNCH_PROGRAMS", "1") != "0"
 
 
 class ProgramCache:
@@ -421,10 +425,11 @@ class ProgramCache:
         (``outputs`` lists the result's tensors), and plainly on the first call, when the key
         was refused, while a graph is captured on a call that would record, inside another
         recording (an enclosing program must see this call's launches, so it neither replays
-        nor records), or when the program cannot run now. ``fn`` must read exactly
+        nor records), when the program cannot run now, and always with
+        ``MOERUN_LAUNCH_PROGRAMS=0``. ``fn`` must read exactly
         ``inputs`` (see :func:`build`)."""
-        if _launch._RECORDING:  # inside a caller's recording: its launches must be seen
-            return fn()
+        if _launch._RECORDING or not ENABLED:  # NOTE: inside a caller's recording its
+            return fn()  # launches must be seen
         program = self._entries.get(key, False)
         if program is False:  # first call: remember the key
             self.put(key, _SEEN)
