@@ -240,6 +240,8 @@ def test_recordings_do_not_nest_and_the_cache_is_bounded():
     cache.put("a", None)
     cache.put("b", None)
     assert cache.get("a") is None and len(cache) == 2
+    cache.put("b", None)  # an existing key in a full cache: nothing else goes
+    assert len(cache) == 2 and cache.get("a") is None
     cache.put("c", None)
     assert len(cache) == 1 and cache.get("a") is False
 

@@ -426,8 +426,8 @@ class ProgramCache:
         was refused, while a graph is captured on a call that would record, inside another
         recording (an enclosing program must see this call's launches, so it neither replays
         nor records), when the program cannot run now, and always with
-        ``MOERUN_LAUNCH_PROGRAMS=0``. ``fn`` must read exactly
-        ``inputs`` (see :func:`build`)."""
+        ``MOERUN_LAUNCH_PROGRAMS=0``. ``fn`` must read exactly ``inputs`` (see
+        :func:`build`)."""
         if _launch._RECORDING or not ENABLED:  # NOTE: inside a caller's recording its
             return fn()  # launches must be seen
         program = self._entries.get(key, False)
@@ -451,7 +451,8 @@ class ProgramCache:
         return False if program is _SEEN else program
 
     def put(self, key: Any, program: Program | None) -> None:
-        if len(self._entries) >= self.capacity:
+        """Store ``key``'s program (None: refused); a new key in a full cache clears it."""
+        if key not in self._entries and len(self._entries) >= self.capacity:
             self._entries.clear()
         self._entries[key] = program
 
