@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "shared expert): host issue time, eager and graph-replay time, the "
                             "expert kernels alone, against the combined floor; --shapes takes "
                             "layer shapes (qwen3-30b-a3b, deepseek-v3; default on CPU: tiny)")
+    bench.add_argument("--host-core", default="none", metavar="none|fastest|N",
+                       help="with --layer: run each round of host figures on one CPU core: "
+                            "'fastest' times a Python loop on every allowed core just before "
+                            "the round and takes the fastest, N a given core; each round's "
+                            "core and loop time go into the JSON (default none: the OS places "
+                            "the thread)")
     bench.add_argument("--shared", action="store_true",
                        help="time every shared-expert order (and SM partition size) on a "
                             "DeepSeek-V3-like layer (E 32 and 256; tiny on CPU) against the "

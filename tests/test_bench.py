@@ -582,8 +582,8 @@ def test_fp8_bench_floor_json_and_errors_by_hand(tmp_path):
 
 def test_layer_bench_reports_what_the_checks_add_beyond_their_sync(tmp_path):
     """``moerun bench --layer`` on the CPU smoke layer: three rounds of every host figure,
-    the NaN scan's own cost, and the check extra = host+chk - host - scan, in the line and
-    the JSON."""
+    the NaN scan's own cost, and the check extra = host+chk - host - scan of the round with
+    the lowest host figure, in the line and the JSON."""
     from moerun.bench.layer_command import run_layer_bench
 
     parser = argparse.ArgumentParser()
@@ -602,7 +602,74 @@ def test_layer_bench_reports_what_the_checks_add_beyond_their_sync(tmp_path):
             rounds = cell[f"{fig}_rounds_us"]
             assert len(rounds) == 3 and all(v > 0 for v in rounds)
             assert cell[f"{fig}_us"] == min(rounds)
-        extra = cell["host_checked_us"] - cell["host_us"] - cell["scan_us"]
+        r = cell["host_rounds_us"].index(min(cell["host_rounds_us"]))  # the fastest round
+        extra = (cell["host_checked_rounds_us"][r] - cell["host_rounds_us"][r]
+                 - cell["scan_rounds_us"][r])
         printed = float(re.search(r"chk-extra +(-?[\d.]+)", line).group(1))
         assert abs(printed - extra) < 0.06, (line, extra)
         assert f"scan {cell['scan_us']:9.1f}" in line
+
+
+def test_interleaved_host_samples_order_setup_and_timing():
+    """Sample i of every call before sample i + 1 of any, setups untimed: a 20 ms setup
+    does not show in the samples of a call that costs nothing, and a 5 ms call shows."""
+    import time as _time
+
+    from moerun.bench.timing import HostCall, interleaved_host_samples
+
+    log = []
+
+    def slow_setup():
+        log.append("setup")
+        _time.sleep(0.02)
+
+    calls = [HostCall(fn=lambda i: log.append(("a", i)), setup=slow_setup),
+             HostCall(fn=lambda i: (log.append(("b", i)), _time.sleep(0.005)))]
+    a, b = interleaved_host_samples(calls, torch.device("cpu"), 2, warmup=1)
+    assert log == ["setup", ("a", 0), ("b", 0), "setup", ("a", 1), ("b", 1),
+                   "setup", ("a", 2), ("b", 2)]
+    assert len(a) == len(b) == 2
+    assert max(a) < 0.004 and min(b) >= 0.005
+
+
+def test_layer_bench_host_core_runs_each_round_on_one_core(tmp_path):
+    """``--host-core fastest`` runs each round of host figures on one allowed core (the
+    survey's fastest) and gives the thread its cores and torch its threads back; the cores
+    and loop speeds go into the JSON; a bad value is a usage error."""
+    import os
+
+    from moerun.bench import host_core
+    from moerun.bench.layer_command import run_layer_bench
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parser.add_argument("--host-core", default="none")
+    out_json = tmp_path / "layer.json"
+    allowed, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    args = parser.parse_args(FAST + ["--tokens", "1", "--ceilings", "1e9,1e9,1e12",
+                                     "--host-core", "fastest", "--out", str(out_json)])
+    out, err = io.StringIO(), io.StringIO()
+    assert run_layer_bench(args, out=out, err=err) == 0, err.getvalue()
+    assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == threads
+    data = json.loads(out_json.read_text())
+    cell = data["cells"][0]
+    assert len(cell["host_round_cores"]) == 3 and set(cell["host_round_cores"]) <= allowed
+    assert all(v > 0 for v in cell["host_round_loop_us"])
+    assert "--host-core fastest" in data["command"] and data["host_core"] == "fastest"
+    core = min(allowed)
+    with host_core.placed(core) as where:  # a given core: the block runs there, on 1 thread
+        assert os.sched_getaffinity(0) == {core} and torch.get_num_threads() == 1
+        assert where.core == core and where.loop_us > 0
+    assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == threads
+    found = host_core.survey(repeats=1)
+    assert set(found.speeds) == allowed
+    assert found.speeds[found.fastest] == min(found.speeds.values())
+    for bad, message in (("fast", "expected none, fastest or a core number"),
+                         ("-1", "a core number is >= 0"),
+                         ("4096", "not one of this process's cores")):
+        args = parser.parse_args(FAST + ["--tokens", "1", "--ceilings", "1e9,1e9,1e12",
+                                         "--host-core", bad])
+        err = io.StringIO()
+        assert run_layer_bench(args, out=io.StringIO(), err=err) == 2
+        assert f"--host-core {bad}" in err.getvalue() and message in err.getvalue()
+    assert os.sched_getaffinity(0) == allowed

@@ -166,3 +166,29 @@ def test_cached_launches_equal_jit_launches():
                         ids.cpu(), backend="reference")
     for out in [first, off] + again:
         assert rel_err(out.cpu(), ref) < TOL[torch.bfloat16]
+
+
+# ------------------------------------------------------------------ check_inputs on one rank
+@pytest.mark.parametrize("t,shared,max_num_tokens", [
+    (1, 0, None), (1, 96, None), (300, 96, None),   # straight path (scan read after issue)
+    (300, 96, 128),                                  # chunked: general path, scan read first
+])
+def test_nonfinite_logits_raise_and_leave_the_layer_usable(t, shared, max_num_tokens):
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=256, intermediate_size=128,
+                    routing=_DSV3_LIKE, shared_intermediate_size=shared,
+                    max_num_tokens=max_num_tokens, dtype=torch.bfloat16)  # check_inputs=True
+    case = make_case(cfg, t, 11)
+    layer = _layer(cfg, case)
+    x, logits = case.x.cuda(), case.logits.cuda()
+    ref = reference_output(cfg, case)
+    for bad_value in (float("nan"), float("inf"), float("nan")):  # 3 calls: the program
+        bad = logits.clone()                                      # records at the second
+        bad[t // 2, 3] = bad_value
+        step = layer.step
+        with pytest.raises(ValueError, match=r"router_logits contains non-finite values"):
+            layer(x, bad)
+        assert layer.step == step  # a refused forward does not count
+        out = layer(x, logits)
+        torch.cuda.synchronize()
+        assert layer.step == step + 1
+        assert rel_err(out.cpu(), ref) < TOL[torch.bfloat16]

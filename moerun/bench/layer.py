@@ -6,14 +6,18 @@ Per cell (layer shape x T), in one run and with ceilings measured in that run:
   clock around the call; median of a round of ``host_samples`` forwards) with
   ``check_inputs=False``, and ``host_checked_us`` with ``check_inputs=True`` (its NaN scan is
   a documented host sync, so that figure includes waiting for the device work queued before
-  the scan). Three rounds of each, taken before, between and after the device timings; the
-  figure is the lowest round, ``host_rounds_us`` / ``host_checked_rounds_us`` keep all three
-  (the device machine's host shares its CPUs: the same code's round medians differ by up to
-  2x within one process, so the least-disturbed round is the code's cost);
+  the scan). Three rounds, taken before, between and after the device timings; the figure
+  is the lowest round, ``host_rounds_us`` / ``host_checked_rounds_us`` keep all three (the
+  device machine's host shares its CPUs: the same code's round medians differ by up to 2x
+  within one process, so the least-disturbed round is the code's cost). With
+  ``host_core="fastest"`` each round runs on the core a survey just before it found fastest
+  (``host_round_cores`` / ``host_round_loop_us``: :mod:`moerun.bench.host_core`);
 * ``scan_us``: the documented sync of ``check_inputs=True`` alone -- the NaN/Inf scan of the
-  logits and its device->host read, timed like the forwards in each round -- so
-  :meth:`LayerCell.check_extra_us` (``host_checked_us - host_us - scan_us``) is what the
-  checks cost beyond it, within one run;
+  logits and its device->host read, timed like the forwards. A round interleaves the three
+  calls sample by sample (unchecked forward, checked forward, scan), so they meet the same
+  host speed, and :meth:`LayerCell.check_extra_us` (``host_checked - host - scan`` of the
+  round with the lowest ``host``) is what the checks cost beyond their sync, within one
+  round;
 * ``eager_us``: device-event time per forward, forwards issued back to back (host gaps
   included: when the host is slower than the device, this is host-bound);
 * ``graph_us``: per-forward time of a CUDA graph holding ``calls`` forwards (CUDA only);
@@ -32,16 +36,17 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from moerun.bench import host_core
 from moerun.bench.ceilings import Ceilings
 from moerun.bench.matrix import reference_rows
 from moerun.bench.shapes import BenchShape
-from moerun.bench.timing import (GraphCaptureError, host_issue_samples, time_graph_replay,
-                                 time_samples)
+from moerun.bench.timing import (GraphCaptureError, HostCall, interleaved_host_samples,
+                                 time_graph_replay, time_samples)
 from moerun.config import MoEConfig, RoutingConfig, RoutingMethod
 
 __all__ = ["LayerShape", "LAYER_SHAPES", "DEFAULT_LAYER_SHAPES", "CPU_LAYER_SHAPES",
@@ -89,7 +94,8 @@ class LayerSettings:
     """``device``, ``dtype``, ``backend`` (a ``backend=`` name), ``repeats`` (timed samples;
     the median is reported), ``host_samples`` (forwards per round of each host figure),
     ``warmup``, ``calls`` (input sets; forwards per graph), ``graph``, ``check_rows``,
-    ``seed``."""
+    ``seed``, ``host_core`` (where each round of host figures runs: ``"none"``,
+    ``"fastest"`` or a core number, :func:`moerun.bench.host_core.placed`)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -101,6 +107,7 @@ class LayerSettings:
     graph: bool = True
     check_rows: int = 32
     seed: int = 0
+    host_core: str | int = "none"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,13 +132,23 @@ class LayerCell:
     host_checked_rounds_us: tuple[float, ...] = ()
     scan_us: float = float("nan")
     scan_rounds_us: tuple[float, ...] = ()
+    host_round_cores: tuple[int | None, ...] = ()
+    host_round_loop_us: tuple[float, ...] = ()
 
     def ratio(self, us: float | None) -> float | None:
         return None if us is None or us <= 0 else self.floor_us / us
 
     def check_extra_us(self) -> float:
         """What ``check_inputs=True`` adds to a forward's host time beyond its documented
-        sync: ``host_checked_us - host_us - scan_us`` (NaN where not measured)."""
+        sync: ``host_checked - host - scan`` within the round with the lowest unchecked host
+        time (the three figures of a round are interleaved; the lowest figures of different
+        rounds need not come from one round); from the lowest figures where the rounds are
+        not kept; NaN where not measured."""
+        rounds = (self.host_rounds_us, self.host_checked_rounds_us, self.scan_rounds_us)
+        if all(rounds) and len({len(r) for r in rounds}) == 1:
+            r = min(range(len(self.host_rounds_us)), key=self.host_rounds_us.__getitem__)
+            return (self.host_checked_rounds_us[r] - self.host_rounds_us[r]
+                    - self.scan_rounds_us[r])
         return self.host_checked_us - self.host_us - self.scan_us
 
     def line(self) -> str:
@@ -171,9 +188,10 @@ def _median_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
 
 
-def _host_us(fn: Callable[[int], Any], device: torch.device, samples: int) -> float:
-    """Median host time of one call issued with an idle device queue, after 5 untimed calls."""
-    return _median_us(host_issue_samples(fn, device, samples, warmup=5))
+def _host_round_us(calls: list[HostCall], device: torch.device, samples: int) -> list[float]:
+    """Median host time of each call, issued with an idle device queue, the calls
+    interleaved sample by sample (:func:`interleaved_host_samples`), after 5 untimed rounds."""
+    return [_median_us(t) for t in interleaved_host_samples(calls, device, samples, warmup=5)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -267,13 +285,30 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
         def scan(j: int) -> bool:  # what check_inputs=True syncs on (schedulers/validation.py)
             return bool(torch.isfinite(logits[j % calls]).all())  # NOTE: host sync
 
+        checked = cfg.replace(check_inputs=True)  # bench only: the same layer and weights
+
+        def unchecked_config() -> None:
+            layer.config = cfg
+
+        def checked_config() -> None:
+            layer.config = checked
+
+        host_calls = [HostCall(fn=forward, setup=unchecked_config),
+                      HostCall(fn=forward, setup=checked_config),
+                      HostCall(fn=scan, setup=unchecked_config)]
+
+        placements = []
+
         def host_round() -> None:  # one round of each host figure (see the module docstring)
             if host:
-                rounds.append(_host_us(forward, dev, settings.host_samples))
-                layer.config = cfg.replace(check_inputs=True)  # bench only: same weights
-                rounds_checked.append(_host_us(forward, dev, settings.host_samples))
+                with host_core.placed(settings.host_core) as where:
+                    plain, with_checks, alone = _host_round_us(host_calls, dev,
+                                                               settings.host_samples)
+                placements.append(where)
                 layer.config = cfg
-                rounds_scan.append(_host_us(scan, dev, settings.host_samples))
+                rounds.append(plain)
+                rounds_checked.append(with_checks)
+                rounds_scan.append(alone)
 
         host_round()
         eager = _median_us(time_samples(forward, dev, settings.repeats, warmup=settings.warmup))
@@ -302,7 +337,10 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
                          host_rounds_us=tuple(rounds),
                          host_checked_rounds_us=tuple(rounds_checked),
                          scan_us=min(rounds_scan) if rounds_scan else nan,
-                         scan_rounds_us=tuple(rounds_scan), eager_us=eager,
+                         scan_rounds_us=tuple(rounds_scan),
+                         host_round_cores=tuple(p.core for p in placements),
+                         host_round_loop_us=tuple(p.loop_us for p in placements),
+                         eager_us=eager,
                          graph_us=graph, kernels_eager_us=k_eager, kernels_graph_us=k_graph,
                          err=err, note="; ".join(notes))
         del xs, logits, routed, out

@@ -3,7 +3,8 @@
 Reuses the matrix flags (``--shapes`` names layer shapes here: ``qwen3-30b-a3b``,
 ``deepseek-v3``, ``tiny``; ``--tokens``, ``--dtype``, ``--device``, ``--repeats``,
 ``--warmup``, ``--no-graph``, ``--calls-per-graph``, ``--seed``, ``--ceilings``, ``--out``)
-plus ``--backends`` (one backend name for the layer). Prints one line per cell.
+plus ``--backends`` (one backend name for the layer) and ``--host-core`` (the CPU core the
+host figures run on, :mod:`moerun.bench.host_core`). Prints one line per cell.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ def run_layer_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
 
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    from moerun.bench import host_core
+
     try:
         device, shapes, tokens, backend = _parse(args)
+        core = host_core.parse_host_core(getattr(args, "host_core", "none"))
         given = parse_ceilings(args.ceilings) if args.ceilings else None
         if args.repeats < 1 or args.warmup < 0 or args.calls_per_graph < 1:
             raise ValueError("--repeats and --calls-per-graph must be >= 1, --warmup >= 0")
@@ -84,17 +88,26 @@ def run_layer_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
         seed=args.seed)
     settings = LayerSettings(device=device, dtype=dtype, backend=backend, repeats=args.repeats,
                              warmup=args.warmup, calls=args.calls_per_graph,
-                             graph=not args.no_graph, seed=args.seed)
+                             graph=not args.no_graph, seed=args.seed, host_core=core)
+    if isinstance(core, int) and core not in os.sched_getaffinity(0):
+        print(f"moerun bench: --host-core {core}: not one of this process's cores "
+              f"{sorted(os.sched_getaffinity(0))}", file=err)
+        return 2
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join(["moerun", "bench", "--layer"] + [
         f"{flag} {value}" for flag, value in (
             ("--shapes", ",".join(s.name for s in shapes)),
             ("--tokens", ",".join(map(str, tokens))), ("--dtype", args.dtype),
-            ("--repeats", args.repeats), ("--calls-per-graph", args.calls_per_graph))])
+            ("--repeats", args.repeats), ("--calls-per-graph", args.calls_per_graph))]
+        + ([f"--host-core {core}"] if core != "none" else []))
     print(f"# {command}", file=out)
     print(f"# {date}  {_device_text(device)}  timer "
           f"{'cuda events' if cuda else 'host clock'}", file=out)
     print(f"ceilings: {ceilings.describe()}", file=out)
+    if core != "none":
+        where = "the fastest core of a fresh survey" if core == "fastest" else f"core {core}"
+        print(f"host core: {host_core.survey().describe()} at start; each round of host "
+              f"figures runs on {where}", file=out)
     out.flush()
     cells, failed = [], []
     for shape in shapes:
@@ -111,7 +124,9 @@ def run_layer_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"command": command, "date": date, "device": _device_text(device),
-                       "ceilings": ceilings.describe(), "cells": [c.to_json() for c in cells]},
+                       "ceilings": ceilings.describe(),
+                       "host_core": str(core),
+                       "cells": [c.to_json() for c in cells]},
                       f, indent=1)
         print(f"wrote {args.out}", file=out)
     if failed:

@@ -7,11 +7,13 @@ median. ``fn(i)`` is called with the sample index so callers can rotate inputs.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["time_samples", "time_graph_replay", "host_issue_samples", "GraphCaptureError"]
+__all__ = ["time_samples", "time_graph_replay", "host_issue_samples", "HostCall",
+           "interleaved_host_samples", "GraphCaptureError"]
 
 
 class GraphCaptureError(RuntimeError):
@@ -61,6 +63,40 @@ def host_issue_samples(fn: Callable[[int], Any], device: torch.device, samples: 
         t0 = time.perf_counter()
         fn(i)
         out.append(time.perf_counter() - t0)
+    if cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostCall:
+    """One call of :func:`interleaved_host_samples`: ``fn(i)`` is timed; ``setup()``, if
+    given, runs untimed before the sync that precedes it (e.g. a config swap)."""
+
+    fn: Callable[[int], Any]
+    setup: Callable[[], Any] | None = None
+
+
+def interleaved_host_samples(calls: Sequence[HostCall], device: torch.device, samples: int, *,
+                             warmup: int) -> list[list[float]]:
+    """:func:`host_issue_samples` for several calls at once, interleaved: sample ``i`` of
+    every call, in the given order, before sample ``i + 1`` of any, so a change in the
+    host's speed during the round reaches every call alike (figures that are subtracted
+    from each other should come from one such round). ``warmup`` untimed rounds first.
+    Each timed call follows the previous call of the rotation and a ``synchronize`` (CUDA).
+    Returns one list of seconds per call, in ``calls`` order."""
+    cuda = device.type == "cuda"
+    out: list[list[float]] = [[] for _ in calls]
+    for i in range(warmup + samples):
+        for c, call in enumerate(calls):
+            if call.setup is not None:
+                call.setup()
+            if cuda:
+                torch.cuda.synchronize()  # NOTE: host sync, outside the timed region
+            t0 = time.perf_counter()
+            call.fn(i)
+            if i >= warmup:
+                out[c].append(time.perf_counter() - t0)
     if cuda:
         torch.cuda.synchronize()
     return out
