@@ -49,6 +49,7 @@ CELLS = [
     ("deepseek-v3-ep8-local", 2048, False), ("qwen3-235b-ep8-local", 2048, False),
     ("mixtral8x7b", 1024, True), ("qwen3-235b-a22b", 1024, True),
     ("qwen3-30b-a3b", 1024, True), ("deepseek-v3", 1024, True),
+    ("qwen3-235b-ep8-local", 256, False),  # 64 rows per expert: one 128-row tile each
 ]
 #: ``--device cpu`` (a smoke run of this script under ``TRITON_INTERPRET=1``): the tiny shape
 SMOKE_CELLS = [("tiny", 64, False), ("tiny", 200, False)]
