@@ -234,7 +234,7 @@ def test_hooks_or_another_device_send_the_caller_back(fake_cuda, monkeypatch):
 def test_recordings_do_not_nest_and_the_cache_is_bounded():
     with pytest.raises(RuntimeError, match="already active"):
         record(lambda: record(lambda: None))
-    assert not launch_mod._RECORDING
+    assert not launch_mod._RECORDING.stack
     cache = ProgramCache(capacity=2)
     assert cache.get("a") is False
     cache.put("a", None)
@@ -344,3 +344,36 @@ def test_programs_off_runs_every_call_plainly(fake_cuda, monkeypatch):
                             outputs=lambda r: r, wrap=lambda t: t)
         assert out.tolist() == [scale * v for v in range(1, 6)]
     assert len(cache) == 0 and len(calls) == 3
+
+
+def test_a_recording_watches_its_own_thread_only(fake_cuda):
+    """While one thread records, another thread's launch does not report into the recording
+    (it runs plainly) and that thread may record a call of its own."""
+    import threading
+
+    fast, calls = fake_cuda
+    x = torch.arange(8, dtype=torch.int32)
+    x2 = torch.arange(100, 108, dtype=torch.int32)
+    seen = {}
+
+    def other_thread():
+        seen["stack"] = list(launch_mod._RECORDING.stack)
+        out, _ = _wrapper(fast, calls, x2, 5)
+        seen["out"] = out.tolist()
+        _, inner = record(lambda: None)  # not "already active": that one is another thread's
+        seen["inner"] = inner.refused
+
+    def call():
+        result = _wrapper(fast, calls, x, 3)
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+        return result
+
+    (out, flag), rec = record(call)
+    assert seen == {"stack": [], "out": [5 * v for v in range(101, 108)], "inner": None}
+    assert len(calls) == 2  # both launches ran
+    program = build(rec, (x,), (out, flag))
+    assert program is not None and program.num_launches == 1  # only this thread's
+    x3 = torch.randint(-50, 50, (8,), dtype=torch.int32)
+    assert program(x3)[0].tolist() == (x3[1:].long() * 3).tolist()

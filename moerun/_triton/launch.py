@@ -28,6 +28,7 @@ a key (two threads may both compile; harmless).
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable
 
 import torch
@@ -35,8 +36,16 @@ import torch
 __all__ = ["FastLauncher", "specialization_key", "cdiv", "next_pow2"]
 
 _I32_MIN, _I32_MAX = -(2 ** 31), 2 ** 31 - 1
-#: the active ``moerun._triton.program`` recording (at most one); launches report to it
-_RECORDING: list[Any] = []
+class _Recordings(threading.local):
+    """This thread's active ``moerun._triton.program`` recording (at most one), in ``stack``;
+    per thread, so a launch on another thread never reports into it."""
+
+    def __init__(self) -> None:
+        self.stack: list[Any] = []
+
+
+#: launches report to ``_RECORDING.stack[-1]`` when this thread records
+_RECORDING = _Recordings()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -218,14 +227,14 @@ class FastLauncher:
                  num_stages: int | None = None) -> None:
         if self._interpret:
             self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
-            if _RECORDING:
-                _RECORDING[-1].launch(self, grid, args, num_warps, num_stages)
+            if _RECORDING.stack:
+                _RECORDING.stack[-1].launch(self, grid, args, num_warps, num_stages)
             return
         if _hooks_installed(self._runtime):
             with _allocator_scope():
                 self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
-            if _RECORDING:
-                _RECORDING[-1].launch(self, grid, args, num_warps, num_stages)
+            if _RECORDING.stack:
+                _RECORDING.stack[-1].launch(self, grid, args, num_warps, num_stages)
             return
         device = torch._C._cuda_getDevice()
         prep = self._prep
@@ -248,8 +257,8 @@ class FastLauncher:
             compiled._init_handles()
             direct, coop, pdl, scratch = _direct_launch(compiled)
             self._cache[key] = (compiled, direct, coop, pdl, scratch)
-            if _RECORDING:
-                _RECORDING[-1].launch(self, grid, args, num_warps, num_stages)
+            if _RECORDING.stack:
+                _RECORDING.stack[-1].launch(self, grid, args, num_warps, num_stages)
             return
         compiled, direct, coop, pdl, scratch = entry
         g1 = grid[1] if len(grid) > 1 else 1
@@ -267,5 +276,5 @@ class FastLauncher:
             with _allocator_scope():
                 compiled.run(grid[0], g1, g2, stream, compiled.function,
                              compiled.packed_metadata, None, None, None, *launch_args)
-        if _RECORDING:
-            _RECORDING[-1].launch(self, grid, args, num_warps, num_stages)
+        if _RECORDING.stack:
+            _RECORDING.stack[-1].launch(self, grid, args, num_warps, num_stages)

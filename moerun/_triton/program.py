@@ -30,9 +30,11 @@ recorded call computed: the inputs' shapes, strides, dtypes, devices and pointer
 (16 bytes: Triton specialises on it), and any configuration the call looked up. Weights are
 inputs like any other (their pointers are read per call), so nothing long-lived is baked in.
 A program does not run while a Triton launch hook is installed or on another device than it
-was recorded on (:meth:`Program.__call__` returns None: take the normal path). Recording
-and replay are not thread-safe. No host sync; replay is capture-safe (allocations come from
-the graph's pool, launches are the compiled launchers ``FastLauncher`` calls).
+was recorded on (:meth:`Program.__call__` returns None: take the normal path). A recording
+watches its own thread only (torch's dispatch modes and the launch report are per thread);
+a :class:`ProgramCache` itself is not locked (one thread per layer). No host sync; replay is
+capture-safe (allocations come from the graph's pool, launches are the compiled launchers
+``FastLauncher`` calls).
 """
 
 from __future__ import annotations
@@ -123,10 +125,10 @@ def record(fn: Callable[[], Any]) -> tuple[Any, Recording]:
     """Run ``fn()`` normally, watching its torch ops and ``FastLauncher`` launches. Returns
     ``(fn's result, the Recording)``. Same side effects as ``fn()`` (plus the watch's host
     time); refuses nested recordings (RuntimeError)."""
-    if _launch._RECORDING:
+    if _launch._RECORDING.stack:
         raise RuntimeError("a program recording is already active")
     rec = Recording()
-    _launch._RECORDING.append(rec)
+    _launch._RECORDING.stack.append(rec)
     collecting = gc.isenabled()
     # NOTE: no garbage collection while watching: a finalizer run by it would put its torch
     # ops into the recording (and a CUDA object's destructor inside a dispatch mode has been
@@ -138,7 +140,7 @@ def record(fn: Callable[[], Any]) -> tuple[Any, Recording]:
     finally:
         if collecting:
             gc.enable()
-        _launch._RECORDING.pop()
+        _launch._RECORDING.stack.pop()
     return out, rec
 
 
@@ -428,7 +430,7 @@ class ProgramCache:
         nor records), when the program cannot run now, and always with
         ``MOERUN_LAUNCH_PROGRAMS=0``. ``fn`` must read exactly ``inputs`` (see
         :func:`build`)."""
-        if _launch._RECORDING or not ENABLED:  # NOTE: inside a caller's recording its
+        if _launch._RECORDING.stack or not ENABLED:  # NOTE: inside a caller's recording its
             return fn()  # launches must be seen
         program = self._entries.get(key, False)
         if program is False:  # first call: remember the key
