@@ -158,25 +158,10 @@ def _host_med(fn, n: int) -> float:
 
 
 def _python_speed_us() -> float:
-    """µs for a fixed pure-Python loop (10k iterations of attribute reads and a call)."""
-    class A:
-        b = 1
+    """Median µs of 20 runs of the lease's calibration loop (:mod:`moerun.bench.host_core`)."""
+    from moerun.bench.host_core import loop_samples
 
-    def f(v):
-        return v + 1
-
-    def loop():
-        a, t = A(), 0
-        for _ in range(10000):
-            t = f(t) + a.b
-        return t
-
-    samples = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        loop()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
+    return statistics.median(loop_samples(20))
 
 
 def breakdown(name: str, tokens: int, n: int) -> None:

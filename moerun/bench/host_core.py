@@ -22,26 +22,32 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["CoreSurvey", "Placement", "loop_us", "survey", "placed", "parse_host_core"]
+__all__ = ["CoreSurvey", "Placement", "loop_samples", "loop_us", "survey", "placed",
+           "parse_host_core"]
 
 
-def loop_us(repeats: int = 5) -> float:
-    """Fastest of ``repeats`` timings of a fixed pure-Python loop (10k iterations of an
-    attribute read and a call), in µs, on the core the calling thread runs on."""
+def loop_samples(n: int) -> list[float]:
+    """``n`` timings, in µs, of a fixed pure-Python loop (10k iterations of an attribute read
+    and a call) on the core the calling thread runs on: the lease's calibration loop."""
     class A:
         b = 1
 
     def f(v: int) -> int:
         return v + 1
 
-    best = float("inf")
-    for _ in range(repeats):
+    out = []
+    for _ in range(n):
         a, t = A(), 0
         t0 = time.perf_counter()
         for _ in range(10_000):
             t = f(t) + a.b
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e6
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def loop_us(repeats: int = 5) -> float:
+    """The fastest of ``repeats`` :func:`loop_samples`, in µs."""
+    return min(loop_samples(repeats))
 
 
 @dataclass(frozen=True, kw_only=True)
