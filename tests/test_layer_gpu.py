@@ -170,8 +170,8 @@ def test_cached_launches_equal_jit_launches():
 
 # ------------------------------------------------------------------ check_inputs on one rank
 @pytest.mark.parametrize("t,shared,max_num_tokens", [
-    (1, 0, None), (1, 96, None), (300, 96, None),   # straight path (scan read after issue)
-    (300, 96, 128),                                  # chunked: general path, scan read first
+    (1, 0, None), (1, 96, None), (300, 96, None),   # the one-rank straight path
+    (300, 96, 128),                                  # chunked: the general path
 ])
 def test_nonfinite_logits_raise_and_leave_the_layer_usable(t, shared, max_num_tokens):
     cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=256, intermediate_size=128,

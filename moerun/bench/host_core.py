@@ -102,9 +102,7 @@ def placed(where: str | int, repeats: int = 3) -> Iterator[Placement]:
         found = survey(repeats)
         core, speed = found.fastest, found.speeds[found.fastest]
     else:
-        if where not in allowed:
-            raise ValueError(f"--host-core {where}: not one of this process's cores {allowed}")
-        core, speed = int(where), float("nan")
+        core, speed = _allowed_core(int(where)), float("nan")
     threads = torch.get_num_threads()
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)  # NOTE: one core: more intra-op threads would only contend
@@ -117,9 +115,17 @@ def placed(where: str | int, repeats: int = 3) -> Iterator[Placement]:
         os.sched_setaffinity(0, allowed)
 
 
+def _allowed_core(core: int) -> int:
+    """``core`` if this thread may run there, else ``ValueError`` naming ``--host-core``."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if core not in allowed:
+        raise ValueError(f"--host-core {core}: not one of this process's cores {allowed}")
+    return core
+
+
 def parse_host_core(value: str) -> str | int:
     """``--host-core``: ``none`` (leave the affinity), ``fastest`` (the survey's fastest
-    core) or a core number. Raises ``ValueError`` naming the flag."""
+    core) or a core number this process may use. Raises ``ValueError`` naming the flag."""
     if value in ("none", "fastest"):
         return value
     try:
@@ -129,4 +135,4 @@ def parse_host_core(value: str) -> str | int:
             from None
     if core < 0:
         raise ValueError(f"--host-core {value}: a core number is >= 0")
-    return core
+    return _allowed_core(core)
