@@ -35,13 +35,11 @@ def _loop() -> int:
 
 
 def probe(name: str, tokens: int, n: int) -> None:
-    from moerun.bench.layer import LAYER_SHAPES, LayerSettings, build_layer, make_weights
+    from host_state_probe import _setup  # the same layer pieces as that probe's
 
-    shape = LAYER_SHAPES[name]
-    settings = LayerSettings(device=torch.device("cuda"), dtype=torch.bfloat16)
-    weights = make_weights(shape, settings, seed=tokens)
-    x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
-    logits = torch.randn(tokens, shape.experts, device="cuda")
+    from moerun.bench.layer import build_layer
+
+    shape, settings, weights, x, logits = _setup(name, tokens)
     with torch.no_grad(), build_layer(shape, settings, weights) as layer:
         del weights
         off = layer.config
