@@ -27,15 +27,8 @@ import time
 import torch
 
 
-def _loop() -> int:
-    t = 0
-    for i in range(2000):
-        t += i & 7
-    return t
-
-
 def probe(name: str, tokens: int, n: int) -> None:
-    from host_state_probe import _setup  # the same layer pieces as that probe's
+    from host_state_probe import _loop, _setup  # that probe's layer pieces and Python loop
 
     from moerun.bench.layer import build_layer
 
