@@ -84,15 +84,13 @@ def candidates(shape, t, tuned):
             dataclasses.replace(dn256, num_stages=4)),
     ]
     rows_per_expert = t * shape.top_k / shape.num_experts
-    gu64 = GateUpConfig(block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
-    dn64 = DownConfig(block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
     if tuned.block_m < 128 or rows_per_expert < 192:
+        # NOTE: 64-row persistent tiles were also timed at ~256 rows per expert (H200,
+        # 2026-12-01 21:13 UTC, benchmarks/persistent-probe-h200-2026-12-01-64row.json):
+        # 1.11-1.19x slower than the 128-row ones, so they are offered below 192 rows only
+        gu64 = GateUpConfig(block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
+        dn64 = DownConfig(block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
         out.insert(1, cfg(64, gu64, dn64))
-    elif rows_per_expert <= 320:
-        # NOTE: ~256 rows per expert: 128-row blocks compute 19.5 % padding rows, 64-row ones
-        # 10.8 % (DECISIONS, "No half tiles"); down's 64x256 tile on two warpgroups
-        dn64w = DownConfig(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
-        out += [cfg(64, gu64, dn64), cfg(64, gu64, dn64w)]
     return out
 
 

@@ -360,23 +360,27 @@ def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
     # mixtral T=1/16: 2 and 4 rows per hit expert -> block_m 16: 6 gate/up (32/64/128 columns
     # x 3/4 stages) + 6 down (64/128 columns x split 1/2/4, all dividing I/128 = 112) + the
     # incumbent = 13. T=128 (32 rows/expert): 32 (12) + 64 with the fp8 intermediate (2 gate/up
-    # n128 w8 x 2 stages, 6 down) + 64 in bf16 (4 gate/up n64 w4/w8 x 2 stages, 6 down) + 1 = 31
+    # n128 w8 x 2 stages and 6 paired: n128 w4/w8 and n256 w8 x 3/4 stages; 6 down) + 64 in
+    # bf16 (4 gate/up n64 w4/w8 x 2 stages, 6 down) + 1 = 37. T >= 1024: 64f8 (14) + 64 (10)
+    # + 128f8 (2 paired n128 w8 x 3/4 stages; 6 down: n64 w4/w8, n128 w8 x 2/3 stages) + 1 = 33
     assert got == [
         ("mixtral8x7b", "T=1", "mode=graph", "configs=13", "block_m=16"),
         ("mixtral8x7b", "T=16", "mode=graph", "configs=13", "block_m=16"),
-        ("mixtral8x7b", "T=128", "mode=graph", "configs=31", "block_m=32,64f8,64"),
-        ("mixtral8x7b", "T=1024", "mode=graph", "configs=31", "block_m=64f8,64,128"),
-        ("mixtral8x7b", "T=8192", "mode=eager", "configs=31", "block_m=64f8,64,128"),
-        ("deepseek-v3-ep8-local", "T=256", "mode=eager", "configs=31", "block_m=32,64f8,64"),
-        ("deepseek-v3-ep8-local", "T=2048", "mode=eager", "configs=31", "block_m=64f8,64,128"),
-        ("deepseek-v3-ep8-local", "T=8192", "mode=eager", "configs=31", "block_m=64f8,64,128"),
-        ("deepseek-v3-ep8-local", "T=32768", "mode=eager", "configs=31",
-         "block_m=64f8,64,128")]
+        ("mixtral8x7b", "T=128", "mode=graph", "configs=37", "block_m=32,64f8,64"),
+        ("mixtral8x7b", "T=1024", "mode=graph", "configs=33", "block_m=64f8,64,128f8"),
+        ("mixtral8x7b", "T=8192", "mode=eager", "configs=33", "block_m=64f8,64,128f8"),
+        ("deepseek-v3-ep8-local", "T=256", "mode=eager", "configs=37", "block_m=32,64f8,64"),
+        ("deepseek-v3-ep8-local", "T=2048", "mode=eager", "configs=33",
+         "block_m=64f8,64,128f8"),
+        ("deepseek-v3-ep8-local", "T=8192", "mode=eager", "configs=33",
+         "block_m=64f8,64,128f8"),
+        ("deepseek-v3-ep8-local", "T=32768", "mode=eager", "configs=33",
+         "block_m=64f8,64,128f8")]
     files = [ln.rsplit("file=", 1)[1] for ln in out.splitlines() if ln.startswith("point ")]
     assert files == [str(tmp_path / MIXTRAL_FP8)] * 5 + [str(tmp_path / EP8_FP8)] * 4
     assert f'incumbent="tuned ({EP8_FP8})"' in out.splitlines()[5]
     assert all('incumbent="heuristic"' in ln for ln in out.splitlines()[:5])
-    assert out.splitlines()[-1] == f"plan: 9 points, {2 * 13 + 7 * 31} configs to time"
+    assert out.splitlines()[-1] == f"plan: 9 points, {2 * 13 + 2 * 37 + 5 * 33} configs to time"
     # the points carry the fp8 heuristic as the incumbent where no file has the bucket
     pts = plan_points([SHAPES["mixtral8x7b"]], [1], FP8, H200, tmp_path)
     assert pts[0].incumbent == fp8_default_config(8, 14336, 4096, 1, 2)
@@ -413,7 +417,9 @@ def test_fp8_candidates_obey_the_register_and_intermediate_rules(name):
         for cs in sets:
             for g in cs.gate_ups:
                 assert g.block_k == FP8_GROUP
-                assert fp8_tile_fits(cs.block_m, g.block_n, g.num_warps, 2), (t, cs.block_m, g)
+                acc = 1 if g.paired else 2
+                assert fp8_tile_fits(cs.block_m, g.block_n, g.num_warps, acc), (t, cs.block_m, g)
+                assert not g.paired or cs.block_m >= FP8_PREQUANT_BLOCK_M, (t, cs.block_m, g)
                 # the fp8 intermediate needs 128-column gate/up tiles from PREQUANT_BLOCK_M on,
                 # and the set says which form its down tiles are timed on
                 assert fp8_intermediate(cs.block_m, g) == cs.fp8_intermediate, (t, cs, g)
@@ -428,7 +434,7 @@ def test_fp8_candidates_obey_the_register_and_intermediate_rules(name):
             seen_f8 |= cs.fp8_intermediate
             if cs.fp8_intermediate:
                 assert cs.block_m >= FP8_PREQUANT_BLOCK_M
-                assert {g.block_n for g in cs.gate_ups} == {FP8_GROUP}
+                assert all(g.paired or g.block_n == FP8_GROUP for g in cs.gate_ups)
         # the heuristic the lookup falls back on obeys the same rules
         h = fp8_default_config(s.num_experts, s.intermediate, s.hidden, t, s.top_k)
         assert fp8_tile_fits(h.block_m, h.gate_up.block_n, h.gate_up.num_warps, 2)
@@ -439,18 +445,20 @@ def test_fp8_candidates_obey_the_register_and_intermediate_rules(name):
 def test_fp8_candidates_of_one_prefill_block_m_by_hand():
     # qwen3-235b T=1024: 64 rows per hit expert -> block_m 64 and 128
     sets = fp8_candidates(128, 8, 4096, 1536, 1024)
-    assert [c.label for c in sets] == ["64f8", "64", "128"]
-    tile = [(g.block_n, g.num_warps, g.num_stages) for g in sets[0].gate_ups]
-    assert tile == [(128, 8, 2), (128, 8, 3)]
+    assert [c.label for c in sets] == ["64f8", "64", "128f8"]
+    tile = [(g.block_n, g.num_warps, g.num_stages, g.paired) for g in sets[0].gate_ups]
+    assert tile == [(128, 8, 2, False), (128, 8, 3, False),
+                    (128, 4, 3, True), (128, 4, 4, True), (128, 8, 3, True), (128, 8, 4, True),
+                    (256, 8, 3, True), (256, 8, 4, True)]
     tile = [(g.block_n, g.num_warps, g.num_stages) for g in sets[1].gate_ups]
     assert tile == [(64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3)]
     downs = [(d.down.block_n, d.down.num_warps, d.down.num_stages) for d in sets[0].downs]
     assert downs == [(128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (256, 8, 2),
                      (256, 8, 3)]
     assert sets[1].downs == sets[0].downs
-    # block_m 128: no 128-column gate/up tile fits the registers, so no fp8 intermediate
-    tile = [(g.block_n, g.num_warps) for g in sets[2].gate_ups]
-    assert tile == [(32, 4), (32, 4), (32, 8), (32, 8), (64, 8), (64, 8)]
+    # block_m 128: only the paired tile fits the registers (one accumulator: 2*128*128/256)
+    tile = [(g.block_n, g.num_warps, g.num_stages, g.paired) for g in sets[2].gate_ups]
+    assert tile == [(128, 8, 3, True), (128, 8, 4, True)]
     downs = [(d.down.block_n, d.down.num_warps) for d in sets[2].downs]
     assert downs == [(64, 4), (64, 4), (64, 8), (64, 8), (128, 8), (128, 8)]
     # qwen3-30b decode: I/128 = 6, so split-K 4 is not a candidate

@@ -91,6 +91,17 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
         ("prefill-bf16-act-atomic", 40, 2, 3, 256, 384, ExpertsConfig(
             block_m=64, gate_up=GateUpConfig(block_n=64, block_k=128),
             down=DownConfig(block_n=128, block_k=128, split_k=3), combine="atomic")),
+        # paired gate/up tiles: one dot over interleaved gate/up rows; at block_m >= 64 the
+        # intermediate is quantized by its own launch, below it in the down kernel's loads
+        ("prefill-paired", 40, 2, 3, 256, 256, ExpertsConfig(
+            block_m=64, gate_up=GateUpConfig(block_n=128, block_k=128, group_m=2, paired=True),
+            down=DownConfig(block_n=64, block_k=128), combine="reduce")),
+        ("prefill-paired-n64-atomic", 40, 3, 4, 128, 384, ExpertsConfig(
+            block_m=64, gate_up=GateUpConfig(block_n=64, block_k=128, paired=True),
+            down=DownConfig(block_n=128, block_k=128, split_k=3), combine="atomic")),
+        ("decode-paired", 9, 2, 4, 256, 256, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=32, block_k=128, paired=True),
+            down=DownConfig(block_n=64, block_k=128), combine="atomic")),
         ("topk1-one-slot", 4, 1, 1, 128, 128, ExpertsConfig(
             block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
             down=DownConfig(block_n=64, block_k=128), combine="reduce")),
@@ -153,10 +164,17 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
     x, w13, s13, w2, s2, weights, ids = _problem(4, 2, 3, 128, 128, seed=3)
     al = moe_align(ids, 3, 16)
     tile = GateUpConfig(block_n=64, block_k=128)
+    from moerun.backends.triton.gate_up import gate_up
+
+    paired = GateUpConfig(block_n=64, block_k=128, paired=True)
     emit(kind="errors", msgs=value_errors(
         lambda: quantize_rows_fp8(torch.randn(2, 100)),
         lambda: gate_up_fp8(x, w13, s13[:, :1], al, 2, tile, torch.float32),
-        lambda: gate_up_fp8(x, w13.float(), s13, al, 2, tile, torch.float32)))
+        lambda: gate_up_fp8(x, w13.float(), s13, al, 2, tile, torch.float32),
+        lambda: gate_up_fp8(x, w13, s13, al, 2, paired, torch.float32, fp8_out=True),
+        lambda: gate_up_fp8(x, w13, s13, al, 2, GateUpConfig(block_n=16, block_k=128,
+                                                             paired=True), torch.float32),
+        lambda: gate_up(x, torch.randn(3, 256, 128), al, 2, paired)))
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +194,7 @@ def test_quantize_kernel_equals_torch_definition(report):
 
 def test_fp8_experts_match_reference(report):
     rows = _rows(report, "experts")
-    assert len(rows) == 24
+    assert len(rows) == 36
     for r in rows:
         # the same math as the reference up to summation order (fp16: and the rounding of
         # the fp32 sums to fp16)
@@ -206,15 +224,19 @@ def test_fp8_kernel_errors_name_the_argument(report):
     assert msgs[0] is not None and "x.shape[1]=100" in msgs[0] and "128" in msgs[0]
     assert msgs[1] is not None and "w13_scale" in msgs[1]
     assert msgs[2] is not None and "w13" in msgs[2] and "float8_e4m3fn" in msgs[2]
+    assert msgs[3] is not None and "paired" in msgs[3] and "quantize_rows_fp8" in msgs[3]
+    assert msgs[4] is not None and "block_n=16" in msgs[4]
+    assert msgs[5] is not None and "paired" in msgs[5] and "fp8" in msgs[5]
 
 
 # ---------------------------------------------------------------- CUDA
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("bm,gu_n,combine,split", [
-    (16, 64, "atomic", 1), (16, 64, "atomic", 2), (64, 64, "reduce", 1),
-    (64, 128, "atomic", 1), (128, 128, "reduce", 1)])
-def test_fp8_kernels_on_cuda(bm, gu_n, combine, split):
+@pytest.mark.parametrize("bm,gu_n,combine,split,paired", [
+    (16, 64, "atomic", 1, False), (16, 64, "atomic", 2, False), (64, 64, "reduce", 1, False),
+    (64, 128, "atomic", 1, False), (128, 128, "reduce", 1, False),
+    (128, 128, "reduce", 1, True), (64, 256, "reduce", 1, True), (16, 64, "atomic", 2, True)])
+def test_fp8_kernels_on_cuda(bm, gu_n, combine, split, paired):
     from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
     from moerun.backends.triton.fp8 import quantize_rows_fp8, run_experts_fp8
     from moerun.quant import QuantConfig, dequantize_weight_blocks, quantize_rows, \
@@ -227,7 +249,8 @@ def test_fp8_kernels_on_cuda(bm, gu_n, combine, split):
     assert torch.equal(a.scale, b.scale)
     cfg = ExpertsConfig(block_m=bm,
                         gate_up=GateUpConfig(block_n=gu_n, block_k=128, num_stages=3,
-                                             num_warps=8 if bm > 64 else 4),
+                                             num_warps=8 if bm > 64 or gu_n > 128 else 4,
+                                             paired=paired),
                         down=DownConfig(block_n=64, block_k=128, split_k=split, num_stages=3),
                         combine=combine)
     ref = reference_fp8_moe(xb, w13, s13, w2, s2, weights, ids, QuantConfig(),

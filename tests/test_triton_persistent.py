@@ -207,6 +207,17 @@ def test_config_field_round_trip_and_old_files():
     assert p.key().endswith("|persistent p66 guFA dnW")
     # the heuristic keeps today's kernels (the GPU probe decides)
     assert default_config(8, 14336, 4096, 8192, 2).kernel == "grouped"
+    # an fp8 paired gate/up tile: written only when set, read back, marked in the key
+    f = ExpertsConfig(block_m=128, gate_up=GateUpConfig(block_n=128, block_k=128, paired=True),
+                      down=DownConfig(block_n=128, block_k=128))
+    d = f.to_json()
+    assert d["gate_up"]["paired"] is True and "paired" not in old["gate_up"]
+    assert ExpertsConfig.from_json(d) == f
+    assert f.key().startswith("m128|gu n128k128g1w4s4P|dn ")
+    # the paired tile's pipeline holds one B tile of block_n rows (not two)
+    assert f.gate_up.smem_bytes(128, 1) == 4 * (128 * 128 + 128 * 128)
+    assert GateUpConfig(block_n=128, block_k=128).smem_bytes(128, 1) == 4 * (128 * 128
+                                                                              + 256 * 128)
 
 
 def test_config_validation_messages():
@@ -219,6 +230,9 @@ def test_config_validation_messages():
         ExpertsConfig(block_m=64, gate_up=gu, down=dn, combine="atomic", kernel="persistent")
     with pytest.raises(ValueError, match="programs=8"):
         ExpertsConfig(block_m=64, gate_up=gu, down=dn, programs=8)
+    with pytest.raises(ValueError, match="paired .*kernel='persistent'"):
+        ExpertsConfig(block_m=64, gate_up=GateUpConfig(block_n=64, block_k=64, paired=True),
+                      down=dn, kernel="persistent")
 
 
 def test_shipped_files_load_and_persistent_entries_are_measured():

@@ -64,13 +64,20 @@ SMEM_LIMIT = 200 * 1024
 
 @dataclass(frozen=True, kw_only=True)
 class GateUpConfig:
-    """Tile of the gate/up grouped GEMM: ``BLOCK_N`` output columns of gate *and* of up."""
+    """Tile of the gate/up grouped GEMM: ``BLOCK_N`` output columns of gate *and* of up
+    (with ``paired``: ``BLOCK_N`` columns of gate and up together)."""
 
     block_n: int
     block_k: int
     group_m: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    #: fp8 kernels only (``fp8.py``): gate and up rows interleaved in ONE dot of ``block_n``
+    #: weight rows (``block_n / 2`` gate columns and the matching up columns), so a tile
+    #: writes ``block_n / 2`` intermediate columns, in the activation dtype, and one launch
+    #: quantizes them before the down GEMM. One accumulator instead of two: the 128-row
+    #: tiles fit the registers (:func:`fp8_tile_fits` with one accumulator).
+    paired: bool = False
     #: persistent kernel only (``ExpertsConfig.kernel == "persistent"``): ``tl.range`` knobs
     #: of the tile loop, and ``a_tma`` -- gather ``x`` into aligned order first so the A
     #: operand goes through TMA too (else A rows are gathered by pointer)
@@ -79,7 +86,8 @@ class GateUpConfig:
     a_tma: bool = False
 
     def smem_bytes(self, block_m: int, elt: int) -> int:
-        return self.num_stages * (block_m * self.block_k + 2 * self.block_n * self.block_k) * elt
+        b_rows = self.block_n if self.paired else 2 * self.block_n
+        return self.num_stages * (block_m * self.block_k + b_rows * self.block_k) * elt
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,16 +148,19 @@ class ExpertsConfig:
         if self.kernel == "persistent" and self.combine != "reduce":
             raise ValueError("ExpertsConfig: kernel='persistent' needs combine='reduce' (its "
                              "down kernel writes per-pair rows)")
+        if self.kernel == "persistent" and self.gate_up.paired:
+            raise ValueError("ExpertsConfig: gate_up.paired is a tile of the grouped fp8 "
+                             "kernels; kernel='persistent' has no paired form")
         if self.programs < 0 or (self.programs and self.kernel != "persistent"):
             raise ValueError(f"ExpertsConfig.programs={self.programs!r}: >= 0, and only with "
                              "kernel='persistent'")
 
     def to_json(self) -> dict:
-        """A JSON-able dict; the persistent-only fields appear only when not at their
-        defaults, so a grouped config writes exactly what files before them held."""
+        """A JSON-able dict; the persistent-only and fp8-only fields appear only when not at
+        their defaults, so a grouped config writes exactly what files before them held."""
         d = dataclasses.asdict(self)
         for part, cls in (("gate_up", GateUpConfig), ("down", DownConfig)):
-            for f in _PERSISTENT_FIELDS:
+            for f in _OPTIONAL_FIELDS:
                 if f in d[part] and d[part][f] == _field_default(cls, f):
                     del d[part][f]
         for f in ("kernel", "programs"):
@@ -169,7 +180,7 @@ class ExpertsConfig:
         """A short stable name (for tables and logs)."""
         g, d = self.gate_up, self.down
         key = (f"m{self.block_m}|gu n{g.block_n}k{g.block_k}g{g.group_m}w{g.num_warps}s{g.num_stages}"
-               f"|dn n{d.block_n}k{d.block_k}g{d.group_m}x{d.split_k}w{d.num_warps}s{d.num_stages}"
+               f"{'P' if g.paired else ''}|dn n{d.block_n}k{d.block_k}g{d.group_m}x{d.split_k}w{d.num_warps}s{d.num_stages}"
                f"|{self.combine}")
         if self.kernel == "persistent":
             def flags(c):
@@ -179,7 +190,7 @@ class ExpertsConfig:
         return key
 
 
-_PERSISTENT_FIELDS = ("flatten", "warp_specialize", "a_tma")
+_OPTIONAL_FIELDS = ("flatten", "warp_specialize", "a_tma", "paired")
 
 
 def _field_default(cls, name: str):
@@ -262,18 +273,19 @@ def fp8_tile_fits(block_m: int, block_n: int, num_warps: int, accumulators: int)
     """The register rule of the fp8 tiles: a scaled fp8 K step keeps each fp32 accumulator
     *and* the step's dot result live, so ``accumulators * 2 * BM * BN / threads`` must stay
     within 128 registers per thread (``threads = 32 * num_warps``; gate/up has two
-    accumulators, down one). The 128 x 128 two-accumulator gate/up tile broke it, spilled and
-    ran 5-10x slow (sweep run 1 of 2026-12-01). Pure arithmetic."""
+    accumulators, down and the ``paired`` gate/up one). The 128 x 128 two-accumulator gate/up
+    tile broke it, spilled and ran 5-10x slow (sweep run 1 of 2026-12-01). Pure arithmetic."""
     return accumulators * 2 * block_m * block_n / (32 * num_warps) <= 128
 
 
 def fp8_intermediate(block_m: int, gate_up: GateUpConfig) -> bool:
-    """Whether the fp8 gate/up kernel with tile ``gate_up`` on ``block_m`` rows writes the
-    intermediate as e4m3 + scales (the down GEMM then reads fp8 and quantizes nothing): only
-    from :data:`FP8_PREQUANT_BLOCK_M` rows on and with ``gate_up.block_n == FP8_GROUP`` (one
-    tile is then exactly one scale group of each row). Otherwise the intermediate is in the
-    activation dtype and the down kernel quantizes it in registers."""
-    return block_m >= FP8_PREQUANT_BLOCK_M and gate_up.block_n == FP8_GROUP
+    """Whether the fp8 down GEMM after the gate/up tile ``gate_up`` on ``block_m`` rows reads
+    the intermediate as e4m3 + scales (and quantizes nothing): from
+    :data:`FP8_PREQUANT_BLOCK_M` rows on, when the gate/up epilogue writes it so
+    (``gate_up.block_n == FP8_GROUP``: one tile is exactly one scale group of each row) or a
+    ``paired`` tile's intermediate is quantized by its own launch. Otherwise the intermediate
+    is in the activation dtype and the down kernel quantizes it in registers."""
+    return block_m >= FP8_PREQUANT_BLOCK_M and (gate_up.paired or gate_up.block_n == FP8_GROUP)
 
 
 def fp8_default_config(num_slots: int, inter: int, hidden: int, num_tokens: int,

@@ -6,7 +6,7 @@ column width of a weight block). Weights are e4m3 with an fp32 ``scale_inv`` per
 block; activations are quantized per row and 128-column group (``moerun.quant`` defines the
 numbers; its functions are the torch twin).
 
-Three kernels, each one launch:
+Four kernels, each one launch:
 
 * ``quantize_rows_fp8`` -- ``x [M, H]`` -> e4m3 ``[M, H]`` + fp32 ``[M, H/G]``; used before a
   dispatch that moves fp8 rows (post-quant dispatch).
@@ -16,6 +16,12 @@ Three kernels, each one launch:
   layer's activation dtype. The activations are either already fp8 (``QuantizedRows``) or
   quantized in registers as they are loaded (the activation quantization fused into this
   kernel: each 128-column tile is exactly one group, so its row amax is local).
+* ``gate_up_fp8`` with a ``paired`` tile -- the same GEMM as ONE dot over interleaved weight
+  rows (column ``2j`` gate row ``j``, ``2j + 1`` up row ``j``; the rows are gathered by the
+  loads, the weights stay in their layout): one accumulator, so 128-row tiles fit the
+  registers; the epilogue splits the columns into gate and up and writes ``block_n / 2``
+  columns of the intermediate in the activation dtype, which ``quantize_rows_fp8`` then
+  quantizes for the down GEMM (at prefill sizes).
 * ``down_fp8`` -- as ``down.down``, with ``BLOCK_K = G``: the intermediate is re-quantized in
   registers per row and 128-column group as it is loaded (one tile = one group), then the
   same scaled dot; routing weight in the epilogue, atomic fp32 sum or per-pair rows.
@@ -157,6 +163,59 @@ def _gate_up_fp8_kernel(
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
+def _gate_up_fp8_paired_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr,  # as _gate_up_fp8_kernel
+    act_ptr,  # [R, I] out, the activation dtype
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    num_pairs, inter, hidden, max_blocks,
+    stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_am,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
+    GROUP_M: tl.constexpr, A_FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
+):
+    # one dot over BLOCK_N interleaved weight rows: column 2j is gate row j, 2j + 1 up row j
+    HALF: tl.constexpr = BLOCK_N // 2
+    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_pid(pid, max_blocks, inter // HALF, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    tok = (pair // TOP_K).to(tl.int64)
+    offs_c = tl.arange(0, BLOCK_N)
+    wrow = pid_n * HALF + offs_c // 2 + (offs_c % 2) * inter
+    offs_k = tl.arange(0, G)
+
+    a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
+    as_ptrs = xs_ptr + tok * stride_xsm
+    b_ptrs = w_ptr + expert * stride_we + wrow[None, :].to(tl.int64) * stride_wn \
+        + offs_k[:, None]
+    bs_ptrs = ws_ptr + expert * stride_wse + (wrow // G) * stride_wsn
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, hidden // G):
+        if A_FP8:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            a_s = tl.load(as_ptrs + k, mask=row_ok, other=0.0)
+        else:
+            xf = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            a, a_s = _quantize_tile(xf, EPS, QMAX)
+        b = tl.load(b_ptrs)
+        b_s = tl.load(bs_ptrs + k)
+        acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
+        a_ptrs += G
+        b_ptrs += G
+
+    gate, up = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))
+    act = gate * tl.sigmoid(gate) * up
+    offs_o = pid_n * HALF + tl.arange(0, HALF)
+    out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_o[None, :]
+    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _down_fp8_kernel(
     act_ptr,  # [R, I] e4m3 (A_FP8) or the activation dtype
     acts_ptr,  # [R, I/G] fp32 (read iff A_FP8)
@@ -218,6 +277,7 @@ def _down_fp8_kernel(
 
 _QUANT = FastLauncher(_quantize_rows_kernel)
 _GATE_UP = FastLauncher(_gate_up_fp8_kernel)
+_GATE_UP_PAIRED = FastLauncher(_gate_up_fp8_paired_kernel)
 _DOWN = FastLauncher(_down_fp8_kernel)
 
 
@@ -258,10 +318,12 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
             fp32/fp16/bf16 (quantized in registers, identically).
         w13: ``[S, 2I, H]`` e4m3, last dim contiguous; ``w13_scale [S, 2I/128, H/128]`` fp32.
         align: from ``moe_align`` with ``M*K`` pairs; ``top_k``: ``K``.
-        cfg: tile (``block_k`` is ignored: always 128); ``out_dtype``: the activation dtype.
-        fp8_out: write ``act`` already quantized (needs ``cfg.block_n == 128``: one tile is
-            one group of each row); the values are rounded to ``out_dtype`` first, so the
-            codes equal quantizing the ``out_dtype`` result.
+        cfg: tile (``block_k`` is ignored: always 128); with ``cfg.paired`` one dot over
+            ``block_n`` interleaved gate/up weight rows (``block_n / 2`` intermediate columns
+            per tile, written in ``out_dtype``). ``out_dtype``: the activation dtype.
+        fp8_out: write ``act`` already quantized (needs ``cfg.block_n == 128`` and not
+            ``paired``: one tile is one group of each row); the values are rounded to
+            ``out_dtype`` first, so the codes equal quantizing the ``out_dtype`` result.
 
     Returns ``act [max_blocks*BM, I]`` in ``out_dtype``, or as :class:`QuantizedRows` with
     ``fp8_out``; rows in aligned order (rows of unused blocks unwritten). One launch;
@@ -288,9 +350,12 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
         raise ValueError(f"alignment covers {align.num_pairs} pairs, expected {m}*{top_k}")
     if out_dtype not in _MID:
         raise ValueError(f"out_dtype={out_dtype}: use fp32, fp16 or bf16")
-    if fp8_out and cfg.block_n != GROUP:
+    if fp8_out and cfg.block_n != GROUP and not cfg.paired:
         raise ValueError(f"fp8_out needs cfg.block_n == {GROUP}, got {cfg.block_n}")
     rows = align.max_blocks * align.block_m
+    if cfg.paired:
+        return _gate_up_paired(xd, xs, a_fp8, w13, w13_scale, align, top_k, cfg, out_dtype,
+                               fp8_out, rows, inter, h)
     out = torch.empty(rows, inter, dtype=FP8_DTYPE if fp8_out else out_dtype,
                       device=xd.device)
     scale = torch.empty(rows, inter // GROUP, dtype=torch.float32, device=xd.device) \
@@ -309,6 +374,30 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return QuantizedRows(data=out, scale=scale, group=GROUP) if fp8_out else out
+
+
+def _gate_up_paired(xd, xs, a_fp8, w13, w13_scale, align, top_k, cfg, out_dtype, fp8_out,
+                    rows, inter, h) -> torch.Tensor:
+    """The ``cfg.paired`` form of :func:`gate_up_fp8` (arguments checked there)."""
+    half = cfg.block_n // 2
+    if fp8_out:
+        raise ValueError("fp8_out with a paired gate/up tile: its intermediate is written in "
+                         "the activation dtype; quantize it with quantize_rows_fp8")
+    if cfg.block_n < 32 or inter % half:
+        raise ValueError(f"paired gate/up tile block_n={cfg.block_n}: needs >= 32 and I={inter} "
+                         f"a multiple of block_n / 2")
+    out = torch.empty(rows, inter, dtype=out_dtype, device=xd.device)
+    _GATE_UP_PAIRED(
+        (align.max_blocks * (inter // half),),
+        xd, xs, w13, w13_scale, out, align.sorted_ids, align.expert_ids, align.num_post,
+        align.num_pairs, inter, h, align.max_blocks,
+        xd.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0),
+        w13_scale.stride(1), out.stride(0),
+        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, A_FP8, EPS, QMAX
+        top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, a_fp8, AMAX_EPS, FP8_MAX,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
 
 
 def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torch.Tensor,
@@ -395,10 +484,11 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     """``out[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` with the fp8 GEMMs.
 
     ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights [M, K]`` fp32
-    contiguous, ``cfg`` an fp8 config (``configs.fp8_default_config`` or a tuned fp8 file). Returns ``[M, H]`` in
-    ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum), plus the activation
-    quantization for an unquantized ``x`` when ``cfg.block_m >= PREQUANT_BLOCK_M``; no
-    host sync.
+    contiguous, ``cfg`` an fp8 config (``configs.fp8_default_config`` or a tuned fp8 file).
+    Returns ``[M, H]`` in ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum),
+    plus the activation quantization for an unquantized ``x`` when ``cfg.block_m >=
+    PREQUANT_BLOCK_M`` and the intermediate's quantization after a ``paired`` gate/up tile
+    there; no host sync.
     """
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
@@ -413,8 +503,12 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     atomic = cfg.combine == "atomic"
     acc = torch.empty(m, h, dtype=torch.float32, device=xd.device) if atomic else None
     align = moe_align(topk_ids, s, cfg.block_m, zero=acc)
+    f8 = fp8_intermediate(cfg.block_m, cfg.gate_up)
+    paired = cfg.gate_up.paired
     act = gate_up_fp8(x, w13, w13_scale, align, k, cfg.gate_up, out_dtype,
-                      fp8_out=fp8_intermediate(cfg.block_m, cfg.gate_up))
+                      fp8_out=f8 and not paired)
+    if f8 and paired:  # the paired tile writes out_dtype: quantize it in one launch
+        act = quantize_rows_fp8(act)
     if atomic:
         down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, atomic_out=acc)
         return acc if out_dtype == torch.float32 else acc.to(out_dtype)

@@ -150,6 +150,9 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
     Returns: ``act [max_blocks*BM, I]`` x.dtype, rows in aligned order; rows of blocks past
     ``num_post`` are not written. One launch; current stream; no host sync.
     """
+    if cfg.paired:
+        raise ValueError("GateUpConfig.paired is a tile of the fp8 kernels (fp8.gate_up_fp8); "
+                         "the bf16/fp16 gate/up kernel has no paired form: drop paired=True")
     m, h = x.shape
     s, two_i, h2 = w13.shape
     inter = two_i // 2

@@ -112,15 +112,23 @@ class Fp8Calls(FloatCalls):
 
     def gate_up_fns(self, block_m: int, cfg) -> list[Fn]:
         """``gate_up_fp8`` alone on the quantized rows, writing the intermediate in the form
-        the whole call would (``fp8_intermediate`` of ``block_m`` and ``cfg``)."""
+        the whole call would (``fp8_intermediate`` of ``block_m`` and ``cfg``): a ``paired``
+        tile's stage is its kernel and the intermediate's quantization launch, as in
+        ``fp8.run_experts_fp8``."""
         from moerun.backends.triton.configs import fp8_intermediate
-        from moerun.backends.triton.fp8 import gate_up_fp8
+        from moerun.backends.triton.fp8 import gate_up_fp8, quantize_rows_fp8
 
         w = self.weights
         k, act = self.shape.top_k, self.dtype
         f8 = fp8_intermediate(block_m, cfg)
-        return [lambda q=q, a=a: gate_up_fp8(q, w.w13, w.w13_scale, a, k, cfg, act, fp8_out=f8)
-                for q, a in zip(self._rows, self._aligned(block_m))]
+        if cfg.paired:
+            def stage(q, a):
+                out = gate_up_fp8(q, w.w13, w.w13_scale, a, k, cfg, act)
+                return quantize_rows_fp8(out) if f8 else out
+        else:
+            def stage(q, a):
+                return gate_up_fp8(q, w.w13, w.w13_scale, a, k, cfg, act, fp8_out=f8)
+        return [lambda q=q, a=a: stage(q, a) for q, a in zip(self._rows, self._aligned(block_m))]
 
     def whole_fns(self, bucket: int, cfg) -> list[Fn]:
         """``quantize_rows`` then ``run_experts(..., quant=)`` with ``cfg`` as the bucket's fp8

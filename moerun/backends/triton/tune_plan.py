@@ -20,7 +20,8 @@ import torch
 from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, SMEM_LIMIT,
                                             DownConfig, ExpertsConfig, GateUpConfig,
                                             bucket_of, config_file_name, default_config,
-                                            dtype_name, fp8_default_config, fp8_tile_fits)
+                                            dtype_name, fp8_default_config, fp8_intermediate,
+                                            fp8_tile_fits)
 from moerun.bench.shapes import BenchShape
 
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
@@ -30,9 +31,10 @@ __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "Ca
 
 #: Configs timed per point at most (the incumbent included).
 MAX_CONFIGS = 24
-#: The same bound for the fp8 kernels: the whole space of the 2026-12-01 fp8 sweep (at most
-#: 30 candidates per point) plus the incumbent, so nothing of it is pruned.
-FP8_MAX_CONFIGS = 31
+#: The same bound for the fp8 kernels: the space of the 2026-12-01 fp8 sweep (at most 30
+#: candidates per point) with the paired gate/up tiles added (at most 40), plus the
+#: incumbent, so nothing of it is pruned.
+FP8_MAX_CONFIGS = 41
 #: The dtype of the fp8 block-scaled kernels' config files (``moerun tune --dtype fp8``).
 FP8 = torch.float8_e4m3fn
 #: Streaming multiprocessors the pruning assumes (H100/H200 SXM).
@@ -258,9 +260,11 @@ def fp8_candidates(num_slots: int, top_k: int, hidden: int, inter: int,
       64/128 columns x split-K 1/2/4 (those dividing ``I/128``), 4 warps, 3 stages, atomic
       combine;
     * prefill ``block_m`` (>= ``FP8_PREQUANT_BLOCK_M``): gate/up 32/64/128 columns x 4/8
-      warps of at least 64 x 64 outputs, down 64/128/256 columns x 4/8 warps of at least
-      64 x 128, both 2/3 stages and ``group_m`` 8, reduce combine; the gate/up tiles with 128
-      columns (the fp8 intermediate) form their own set.
+      warps of at least 64 x 64 outputs (64 rows only) and ``paired`` tiles of 128/256
+      columns x 4/8 warps x 3/4 stages, down 64/128/256 columns x 4/8 warps of at least
+      64 x 128, 2/3 stages, all ``group_m`` 8, reduce combine; the gate/up tiles after which
+      the down GEMM reads fp8 (``configs.fp8_intermediate``: 128 columns, or paired) form
+      their own set.
     """
     G, D = GateUpConfig, DownConfig
     pairs = tokens * top_k
@@ -278,14 +282,21 @@ def fp8_candidates(num_slots: int, top_k: int, hidden: int, inter: int,
                     "atomic") for bn in (64, 128) for sk in splits if fp8_tile_fits(bm, bn, 4, 1)]
             out.append((bm, gus, dns, False))
             continue
+        # two-accumulator tiles at 64 rows only: at 128 rows they lost every prefill cell
+        # of the 2026-12-01 sweeps (run 4: mixtral T=8192 16.0 vs 10.5 ms)
         gus = [G(block_n=bn, block_k=FP8_GROUP, group_m=8, num_warps=w, num_stages=st)
                for bn in (32, 64, 128) for w in (4, 8)
-               if fp8_tile_fits(bm, bn, w, 2) and bm * bn >= 64 * 64 for st in (2, 3)]
+               if bm < 128 and fp8_tile_fits(bm, bn, w, 2) and bm * bn >= 64 * 64
+               for st in (2, 3)]
+        gus += [G(block_n=bn, block_k=FP8_GROUP, group_m=8, num_warps=w, num_stages=st,
+                  paired=True)
+                for bn in (128, 256) for w in (4, 8)
+                if fp8_tile_fits(bm, bn, w, 1) and bm * bn >= 64 * 128 for st in (3, 4)]
         dns = [(D(block_n=bn, block_k=FP8_GROUP, group_m=8, num_warps=w, num_stages=st),
                 "reduce") for bn in (64, 128, 256) for w in (4, 8)
                if fp8_tile_fits(bm, bn, w, 1) and bm * bn >= 64 * 128 for st in (2, 3)]
         for f8 in (True, False):  # one set per intermediate form (fp8_intermediate)
-            mine = [g for g in gus if (g.block_n == FP8_GROUP) == f8]
+            mine = [g for g in gus if fp8_intermediate(bm, g) == f8]
             if mine:
                 out.append((bm, mine, dns, f8))
     return _within(out, FP8_MAX_CONFIGS)
