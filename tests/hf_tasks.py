@@ -131,7 +131,12 @@ def patched_generation_task(ctx, *, family: str, lengths: list[int], dtype: str 
                             impl: str = "eager") -> dict:
     """Each rank: its own prompt (``lengths[rank]`` tokens); the unpatched model's logits and
     greedy tokens (experts implementation ``impl``) as the reference; then
-    ``patch_model(mapping=ctx.mapping())`` and the same again."""
+    ``patch_model(mapping=ctx.mapping())`` and the same again.
+
+    Also teacher-forced, on the reference's whole sequence (prompt + its greedy tokens), for
+    each generated position: the reference's and the patched model's argmax (``forced_ref``,
+    ``forced``) and the reference's top-2 logit gap over the row's rms logit
+    (``forced_margin``), so a bf16 test can tell a near tie from a wrong token."""
     import moerun
 
     model = tiny_model(family, experts_implementation=impl).to(getattr(torch, dtype))
@@ -139,16 +144,25 @@ def patched_generation_task(ctx, *, family: str, lengths: list[int], dtype: str 
     with torch.no_grad():
         ref_logits = model(ids).logits
     ref_tokens = greedy(model, ids, new_tokens)
+    seq = torch.cat([ids, torch.tensor(ref_tokens, dtype=ids.dtype)], dim=1)
+    steps = slice(ids.shape[1] - 1, seq.shape[1] - 1)  # the positions that chose each token
+    with torch.no_grad():
+        ref_steps = model(seq).logits[0, steps].double()
     replaced = moerun.patch_model(model, mapping=_mapping(ctx), comm=comm)
     with torch.no_grad():
         logits = model(ids).logits
+        pat_steps = model(seq).logits[0, steps].double()
     tokens = greedy(model, ids, new_tokens)
+    top2 = ref_steps.topk(2, dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1]) / ref_steps.pow(2).mean(-1).sqrt()
     layers = [m.moe for m in model.modules() if isinstance(m, moerun.HFMoEBlock)]
     local = [layer.slot_end - layer.slot_start for layer in layers]
     for layer in layers:
         layer.close()
     return {"replaced": replaced, "err": rel(logits, ref_logits), "tokens": tokens,
-            "ref_tokens": ref_tokens, "local_slots": local}
+            "ref_tokens": ref_tokens, "local_slots": local,
+            "forced_ref": ref_steps.argmax(-1).tolist(), "forced": pat_steps.argmax(-1).tolist(),
+            "forced_margin": margin.tolist()}
 
 
 def checkpoint_task(ctx, *, family: str, path: str, lengths: list[int]) -> dict:

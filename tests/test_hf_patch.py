@@ -449,12 +449,24 @@ def test_patch_model_ep3(family, pools):
         assert r["tokens"] == r["ref_tokens"]
 
 
+#: a bf16 near tie: the reference's top-2 logit gap below this fraction of the row's rms logit
+BF16_TIE = 0.1
+
+
 def test_patch_model_ep2_bf16(pools):
+    """bf16 under EP2 against the unpatched bf16 model. Free-running greedy tokens are not
+    compared: after one near-tied step (the two sides round differently; which CPU kernels
+    run decides which) the sequences legitimately part. Instead, teacher-forced on the
+    reference's sequence, every position picks the reference's token unless the reference
+    itself had a near tie there, and at most two of the ten positions may be such ties."""
     res = pools(2).run(patched_generation_task, family="mixtral", lengths=[6, 3],
                        dtype="bfloat16", impl="grouped_mm")
     for r in res:
         assert r["err"] < BF16_MULTIRANK_TOL
-        assert r["tokens"] == r["ref_tokens"]
+        assert len(r["forced"]) == len(r["forced_ref"]) == 10
+        differ = [i for i, (a, b) in enumerate(zip(r["forced"], r["forced_ref"])) if a != b]
+        assert all(r["forced_margin"][i] < BF16_TIE for i in differ), (differ, r)
+        assert len(differ) <= 2, (differ, r)
 
 
 def test_checkpoint_ep2(ckpt_root, pools):

@@ -6,7 +6,8 @@ column width of a weight block). Weights are e4m3 with an fp32 ``scale_inv`` per
 block; activations are quantized per row and 128-column group (``moerun.quant`` defines the
 numbers; its functions are the torch twin).
 
-Four kernels, each one launch:
+Four kernels, each one launch (the paired one in ``fp8_paired.py``; the tile helpers
+shared by all in ``fp8_tiles.py``):
 
 * ``quantize_rows_fp8`` -- ``x [M, H]`` -> e4m3 ``[M, H]`` + fp32 ``[M, H/G]``; used before a
   dispatch that moves fp8 rows (post-quant dispatch).
@@ -16,12 +17,9 @@ Four kernels, each one launch:
   layer's activation dtype. The activations are either already fp8 (``QuantizedRows``) or
   quantized in registers as they are loaded (the activation quantization fused into this
   kernel: each 128-column tile is exactly one group, so its row amax is local).
-* ``gate_up_fp8`` with a ``paired`` tile -- the same GEMM as ONE dot over interleaved weight
-  rows (column ``2j`` gate row ``j``, ``2j + 1`` up row ``j``; the rows are gathered by the
-  loads, the weights stay in their layout): one accumulator, so 128-row tiles fit the
-  registers; the epilogue splits the columns into gate and up and writes ``block_n / 2``
-  columns of the intermediate in the activation dtype, which ``quantize_rows_fp8`` then
-  quantizes for the down GEMM (at prefill sizes).
+* ``gate_up_fp8`` with a ``paired`` tile -- the same GEMM as one dot over interleaved
+  gate/up weight rows (``fp8_paired.py``); its intermediate is written in the activation
+  dtype and, at prefill sizes, quantized by ``quantize_rows_fp8`` for the down GEMM.
 * ``down_fp8`` -- as ``down.down``, with ``BLOCK_K = G``: the intermediate is re-quantized in
   registers per row and 128-column group as it is loaded (one tile = one group), then the
   same scaled dot; routing weight in the epilogue, atomic fp32 sum or per-pair rows.
@@ -46,6 +44,8 @@ from moerun.backends.triton.configs import (
     GateUpConfig,
     fp8_intermediate,
 )
+from moerun.backends.triton.fp8_paired import gate_up_paired
+from moerun.backends.triton.fp8_tiles import quantize_tile, round_to
 from moerun.backends.triton.gate_up import grouped_pid
 from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
 
@@ -59,25 +59,6 @@ GROUP = FP8_GROUP
 
 # ---------------------------------------------------------------- kernels
 @triton.jit
-def _quantize_tile(xf, EPS: tl.constexpr, QMAX: tl.constexpr):
-    """fp32 ``[BM, G]`` -> (e4m3 codes, fp32 scale ``[BM]``) as ``moerun.quant`` defines."""
-    amax = tl.max(tl.abs(xf), axis=1)
-    scale = tl.maximum(amax, EPS) / QMAX
-    q = tl.minimum(tl.maximum(xf / scale[:, None], -QMAX), QMAX)
-    return q.to(tl.float8e4nv), scale
-
-
-@triton.jit
-def _round_to(v, MID: tl.constexpr):
-    """fp32 rounded to the activation dtype (``MID``: 0 fp32, 1 fp16, 2 bf16), kept fp32."""
-    if MID == 1:
-        v = v.to(tl.float16).to(tl.float32)
-    elif MID == 2:
-        v = v.to(tl.bfloat16).to(tl.float32)
-    return v
-
-
-@triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, rows, stride_xm, stride_qm, stride_sm,
                           BLOCK_R: tl.constexpr, G: tl.constexpr, EPS: tl.constexpr,
                           QMAX: tl.constexpr):
@@ -89,7 +70,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, rows, stride_xm, stride_qm, strid
     r64 = offs_r.to(tl.int64)
     xf = tl.load(x_ptr + r64[:, None] * stride_xm + offs_c[None, :], mask=ok[:, None],
                  other=0.0).to(tl.float32)
-    q, scale = _quantize_tile(xf, EPS, QMAX)
+    q, scale = quantize_tile(xf, EPS, QMAX)
     tl.store(q_ptr + r64[:, None] * stride_qm + offs_c[None, :], q, mask=ok[:, None])
     tl.store(s_ptr + r64 * stride_sm + grp, scale, mask=ok)
 
@@ -140,7 +121,7 @@ def _gate_up_fp8_kernel(
             a_s = tl.load(as_ptrs + k, mask=row_ok, other=0.0)
         else:
             xf = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            a, a_s = _quantize_tile(xf, EPS, QMAX)
+            a, a_s = quantize_tile(xf, EPS, QMAX)
         g = tl.load(g_ptrs)
         u = tl.load(u_ptrs)
         g_s = tl.load(gs_ptrs + k)
@@ -154,65 +135,12 @@ def _gate_up_fp8_kernel(
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
     if OUT_FP8:  # BLOCK_N == G: this tile is one group of each row; round like the bf16 path
-        act = _round_to(act, MID)
-        q, a_scale = _quantize_tile(act, EPS, QMAX)
+        act = round_to(act, MID)
+        q, a_scale = quantize_tile(act, EPS, QMAX)
         tl.store(out_ptrs, q)
         tl.store(acts_ptr + offs_m.to(tl.int64) * stride_asm + pid_n, a_scale)
     else:
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
-
-
-@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
-def _gate_up_fp8_paired_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr,  # as _gate_up_fp8_kernel
-    act_ptr,  # [R, I] out, the activation dtype
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    num_pairs, inter, hidden, max_blocks,
-    stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_am,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
-    GROUP_M: tl.constexpr, A_FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
-):
-    # one dot over BLOCK_N interleaved weight rows: column 2j is gate row j, 2j + 1 up row j
-    HALF: tl.constexpr = BLOCK_N // 2
-    pid = tl.program_id(0)
-    pid_m, pid_n = grouped_pid(pid, max_blocks, inter // HALF, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    tok = (pair // TOP_K).to(tl.int64)
-    offs_c = tl.arange(0, BLOCK_N)
-    wrow = pid_n * HALF + offs_c // 2 + (offs_c % 2) * inter
-    offs_k = tl.arange(0, G)
-
-    a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
-    as_ptrs = xs_ptr + tok * stride_xsm
-    b_ptrs = w_ptr + expert * stride_we + wrow[None, :].to(tl.int64) * stride_wn \
-        + offs_k[:, None]
-    bs_ptrs = ws_ptr + expert * stride_wse + (wrow // G) * stride_wsn
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, hidden // G):
-        if A_FP8:
-            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            a_s = tl.load(as_ptrs + k, mask=row_ok, other=0.0)
-        else:
-            xf = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            a, a_s = _quantize_tile(xf, EPS, QMAX)
-        b = tl.load(b_ptrs)
-        b_s = tl.load(bs_ptrs + k)
-        acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
-        a_ptrs += G
-        b_ptrs += G
-
-    gate, up = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))
-    act = gate * tl.sigmoid(gate) * up
-    offs_o = pid_n * HALF + tl.arange(0, HALF)
-    out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_o[None, :]
-    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
@@ -254,7 +182,7 @@ def _down_fp8_kernel(
             a_s = tl.load(as_ptrs + k * SPLIT_K)
         else:
             af = tl.load(a_ptrs).to(tl.float32)
-            a, a_s = _quantize_tile(af, EPS, QMAX)
+            a, a_s = quantize_tile(af, EPS, QMAX)
         b = tl.load(b_ptrs)
         b_s = tl.load(bs_ptrs + k * SPLIT_K)
         acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
@@ -277,7 +205,6 @@ def _down_fp8_kernel(
 
 _QUANT = FastLauncher(_quantize_rows_kernel)
 _GATE_UP = FastLauncher(_gate_up_fp8_kernel)
-_GATE_UP_PAIRED = FastLauncher(_gate_up_fp8_paired_kernel)
 _DOWN = FastLauncher(_down_fp8_kernel)
 
 
@@ -354,8 +281,8 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
         raise ValueError(f"fp8_out needs cfg.block_n == {GROUP}, got {cfg.block_n}")
     rows = align.max_blocks * align.block_m
     if cfg.paired:
-        return _gate_up_paired(xd, xs, a_fp8, w13, w13_scale, align, top_k, cfg, out_dtype,
-                               fp8_out, rows, inter, h)
+        return gate_up_paired(xd, xs, a_fp8, w13, w13_scale, align, top_k, cfg, out_dtype,
+                              fp8_out=fp8_out)
     out = torch.empty(rows, inter, dtype=FP8_DTYPE if fp8_out else out_dtype,
                       device=xd.device)
     scale = torch.empty(rows, inter // GROUP, dtype=torch.float32, device=xd.device) \
@@ -374,30 +301,6 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return QuantizedRows(data=out, scale=scale, group=GROUP) if fp8_out else out
-
-
-def _gate_up_paired(xd, xs, a_fp8, w13, w13_scale, align, top_k, cfg, out_dtype, fp8_out,
-                    rows, inter, h) -> torch.Tensor:
-    """The ``cfg.paired`` form of :func:`gate_up_fp8` (arguments checked there)."""
-    half = cfg.block_n // 2
-    if fp8_out:
-        raise ValueError("fp8_out with a paired gate/up tile: its intermediate is written in "
-                         "the activation dtype; quantize it with quantize_rows_fp8")
-    if cfg.block_n < 32 or inter % half:
-        raise ValueError(f"paired gate/up tile block_n={cfg.block_n}: needs >= 32 and I={inter} "
-                         f"a multiple of block_n / 2")
-    out = torch.empty(rows, inter, dtype=out_dtype, device=xd.device)
-    _GATE_UP_PAIRED(
-        (align.max_blocks * (inter // half),),
-        xd, xs, w13, w13_scale, out, align.sorted_ids, align.expert_ids, align.num_post,
-        align.num_pairs, inter, h, align.max_blocks,
-        xd.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0),
-        w13_scale.stride(1), out.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, A_FP8, EPS, QMAX
-        top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, a_fp8, AMAX_EPS, FP8_MAX,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return out
 
 
 def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torch.Tensor,

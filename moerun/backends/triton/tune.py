@@ -93,8 +93,10 @@ def build_parser(prog: str = "moerun tune") -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true",
                    help="print the points, their serving mode, incumbents, candidate counts "
                         "and target files, then exit; no GPU needed, nothing timed or written; "
-                        "with --dtype fp8 a block_m marked f8 is the set whose gate/up tiles "
-                        "write the intermediate in fp8 (default: tune)")
+                        "with --dtype fp8 a block_m marked f8 is the set after whose gate/up "
+                        "tiles the down GEMM reads the intermediate in fp8 (written so by the "
+                        "gate/up epilogue, or quantized by its own launch after a paired tile) "
+                        "(default: tune)")
     p.add_argument("--device-name", default=None,
                    help="device name of the target files for --plan on a machine without a "
                         "GPU (default: GPU 0's name; a real run always uses GPU 0's)")
