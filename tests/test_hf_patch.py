@@ -464,7 +464,8 @@ def test_patch_model_ep2_bf16(pools):
     for r in res:
         assert r["err"] < BF16_MULTIRANK_TOL
         assert len(r["forced"]) == len(r["forced_ref"]) == 10
-        differ = [i for i, (a, b) in enumerate(zip(r["forced"], r["forced_ref"])) if a != b]
+        pairs = zip(r["forced"], r["forced_ref"], strict=True)
+        differ = [i for i, (a, b) in enumerate(pairs) if a != b]
         assert all(r["forced_margin"][i] < BF16_TIE for i in differ), (differ, r)
         assert len(differ) <= 2, (differ, r)
 

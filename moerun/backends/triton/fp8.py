@@ -45,7 +45,7 @@ from moerun.backends.triton.configs import (
     fp8_intermediate,
 )
 from moerun.backends.triton.fp8_paired import gate_up_paired
-from moerun.backends.triton.fp8_tiles import quantize_tile, round_to
+from moerun.backends.triton.fp8_tiles import block_rows, load_act_tile, quantize_tile, round_to
 from moerun.backends.triton.gate_up import grouped_pid
 from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
 
@@ -97,10 +97,7 @@ def _gate_up_fp8_kernel(
         return
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    tok = (pair // TOP_K).to(tl.int64)
+    offs_m, pair, row_ok, tok = block_rows(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M, TOP_K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_nw = offs_n % inter
     offs_k = tl.arange(0, G)
@@ -116,12 +113,7 @@ def _gate_up_fp8_kernel(
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, hidden // G):
-        if A_FP8:
-            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            a_s = tl.load(as_ptrs + k, mask=row_ok, other=0.0)
-        else:
-            xf = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            a, a_s = quantize_tile(xf, EPS, QMAX)
+        a, a_s = load_act_tile(a_ptrs, as_ptrs, k, row_ok, A_FP8, EPS, QMAX)
         g = tl.load(g_ptrs)
         u = tl.load(u_ptrs)
         g_s = tl.load(gs_ptrs + k)

@@ -21,7 +21,7 @@ from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import FP8_GROUP, GateUpConfig
-from moerun.backends.triton.fp8_tiles import quantize_tile
+from moerun.backends.triton.fp8_tiles import block_rows, load_act_tile
 from moerun.backends.triton.gate_up import grouped_pid
 from moerun.quant import AMAX_EPS, FP8_MAX
 
@@ -53,10 +53,7 @@ def _gate_up_paired_kernel(
         return
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    tok = (pair // TOP_K).to(tl.int64)
+    offs_m, pair, row_ok, tok = block_rows(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M, TOP_K)
     offs_c = tl.arange(0, BLOCK_N)
     wrow = pid_n * HALF + offs_c // 2 + (offs_c % 2) * inter
     offs_k = tl.arange(0, G)
@@ -69,12 +66,7 @@ def _gate_up_paired_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, hidden // G):
-        if A_FP8:
-            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            a_s = tl.load(as_ptrs + k, mask=row_ok, other=0.0)
-        else:
-            xf = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            a, a_s = quantize_tile(xf, EPS, QMAX)
+        a, a_s = load_act_tile(a_ptrs, as_ptrs, k, row_ok, A_FP8, EPS, QMAX)
         b = tl.load(b_ptrs)
         b_s = tl.load(bs_ptrs + k)
         acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])

@@ -1,13 +1,14 @@
 """Tile helpers shared by the fp8 kernels (``fp8.py``, ``fp8_paired.py``): the in-register
-form of ``moerun.quant.quantize_rows`` for one 128-column group, and the rounding of fp32
-values to the layer's activation dtype. ``@triton.jit`` device functions only."""
+form of ``moerun.quant.quantize_rows`` for one 128-column group, the rounding of fp32
+values to the layer's activation dtype, a block's gathered rows and the gate/up kernels'
+activation tile of one K step. ``@triton.jit`` device functions only."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-__all__ = ["quantize_tile", "round_to"]
+__all__ = ["quantize_tile", "round_to", "block_rows", "load_act_tile"]
 
 
 @triton.jit
@@ -27,3 +28,30 @@ def round_to(v, MID: tl.constexpr):
     elif MID == 2:
         v = v.to(tl.bfloat16).to(tl.float32)
     return v
+
+
+@triton.jit
+def block_rows(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr, TOP_K: tl.constexpr):
+    """Aligned block ``pid_m``'s rows: ``(offs_m, pair, row_ok, tok)`` -- the aligned row
+    indices, their (token, k) pair ids, which are real pairs (the rest pad the expert's last
+    block), and each row's token (int64)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    tok = (pair // TOP_K).to(tl.int64)
+    return offs_m, pair, row_ok, tok
+
+
+@triton.jit
+def load_act_tile(a_ptrs, as_ptrs, k, row_ok, A_FP8: tl.constexpr, EPS: tl.constexpr,
+                  QMAX: tl.constexpr):
+    """K step ``k``'s activation tile ``(e4m3 [BM, G], fp32 scale [BM])`` of the gathered rows
+    at ``a_ptrs``: loaded with its scales (``A_FP8``: rows quantized already, scales at
+    ``as_ptrs + k``) or quantized in registers (one tile is one group); padding rows are 0."""
+    if A_FP8:
+        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+        a_s = tl.load(as_ptrs + k, mask=row_ok, other=0.0)
+    else:
+        xf = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        a, a_s = quantize_tile(xf, EPS, QMAX)
+    return a, a_s
