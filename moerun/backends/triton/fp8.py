@@ -269,12 +269,14 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
         raise ValueError(f"alignment covers {align.num_pairs} pairs, expected {m}*{top_k}")
     if out_dtype not in _MID:
         raise ValueError(f"out_dtype={out_dtype}: use fp32, fp16 or bf16")
-    if fp8_out and cfg.block_n != GROUP and not cfg.paired:
+    if fp8_out and cfg.paired:
+        raise ValueError("fp8_out with a paired gate/up tile: its intermediate is written in "
+                         "the activation dtype; quantize it with quantize_rows_fp8")
+    if fp8_out and cfg.block_n != GROUP:
         raise ValueError(f"fp8_out needs cfg.block_n == {GROUP}, got {cfg.block_n}")
     rows = align.max_blocks * align.block_m
     if cfg.paired:
-        return gate_up_paired(xd, xs, a_fp8, w13, w13_scale, align, top_k, cfg, out_dtype,
-                              fp8_out=fp8_out)
+        return gate_up_paired(xd, xs, a_fp8, w13, w13_scale, align, top_k, cfg, out_dtype)
     out = torch.empty(rows, inter, dtype=FP8_DTYPE if fp8_out else out_dtype,
                       device=xd.device)
     scale = torch.empty(rows, inter // GROUP, dtype=torch.float32, device=xd.device) \

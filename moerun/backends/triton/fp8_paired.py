@@ -85,7 +85,7 @@ _GATE_UP_PAIRED = FastLauncher(_gate_up_paired_kernel)
 
 def gate_up_paired(xd: torch.Tensor, xs: torch.Tensor, a_fp8: bool, w13: torch.Tensor,
                    w13_scale: torch.Tensor, align: Alignment, top_k: int, cfg: GateUpConfig,
-                   out_dtype: torch.dtype, *, fp8_out: bool = False) -> torch.Tensor:
+                   out_dtype: torch.dtype) -> torch.Tensor:
     """``act [max_blocks*BM, I]`` in ``out_dtype`` with the paired tile ``cfg``.
 
     Called by :func:`moerun.backends.triton.fp8.gate_up_fp8` (which checks the shapes, dtypes
@@ -98,9 +98,6 @@ def gate_up_paired(xd: torch.Tensor, xs: torch.Tensor, a_fp8: bool, w13: torch.T
     h = xd.shape[1]
     inter = w13.shape[1] // 2
     half = cfg.block_n // 2
-    if fp8_out:
-        raise ValueError("fp8_out with a paired gate/up tile: its intermediate is written in "
-                         "the activation dtype; quantize it with quantize_rows_fp8")
     if cfg.block_n < 32 or inter % half:
         raise ValueError(f"paired gate/up tile block_n={cfg.block_n}: needs >= 32 and I={inter} "
                          f"a multiple of block_n / 2")
