@@ -227,7 +227,7 @@ def test_prefill_points_time_the_persistent_kernels_too(tmp_path):
         rows = p.tokens * p.shape.top_k / min(p.shape.num_experts, p.tokens * p.shape.top_k)
         assert len(p.persistent) == (4 if rows > 160 else 0), (p.shape.name, p.tokens)
         assert all(c.kernel == "persistent" and c.combine == "reduce" for c in p.persistent)
-        assert p.num_configs <= MAX_CONFIGS
+        assert p.num_configs - len(p.direct) <= MAX_CONFIGS  # direct ones come on top
         assert len(compile_configs(p)) == p.num_configs
         assert set(p.persistent) <= set(compile_configs(p))
         if p.persistent:

@@ -251,7 +251,11 @@ def test_fp8_kernels_on_cuda(bm, gu_n, combine, split, paired):
                         gate_up=GateUpConfig(block_n=gu_n, block_k=128, num_stages=3,
                                              num_warps=8 if bm > 64 or gu_n > 128 else 4,
                                              paired=paired),
-                        down=DownConfig(block_n=64, block_k=128, split_k=split, num_stages=3),
+                        # 256 columns: two weight blocks per tile (the per-column scale
+                        # path); 64: one block (the scalar scale path)
+                        down=DownConfig(block_n=256 if gu_n == 256 else 64, block_k=128,
+                                        split_k=split, num_stages=3,
+                                        num_warps=8 if gu_n == 256 else 4),
                         combine=combine)
     ref = reference_fp8_moe(xb, w13, s13, w2, s2, weights, ids, QuantConfig(),
                             out_dtype=torch.bfloat16)

@@ -189,6 +189,43 @@ def test_cuda_graph_capture_and_replay():
             assert _rel_err(out, _reference(c, w13, w2)) <= TOL[torch.bfloat16], T
 
 
+@pytest.mark.parametrize("name", ["mixtral8x7b", "qwen3-30b-a3b", "deepseek-v3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_direct_decode_path(name, dtype):
+    """``kernel="direct"`` (no alignment, 2 launches) at T = 1..4 of the bench shapes, some
+    pairs excluded, against the fp64 reference; then captured in a CUDA graph and replayed
+    with new routings copied into the captured buffers."""
+    from moerun.backends.triton import TritonExperts
+    from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
+                                                GateUpConfig)
+    from moerun.bench.shapes import SHAPES
+
+    cfg = ExpertsConfig(block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
+                        down=DownConfig(block_n=32, block_k=128), combine="atomic",
+                        kernel="direct")
+    be = TritonExperts(ConfigTable(overrides={b: cfg for b in (1, 2, 4)}))
+    for T in (1, 3, 4):
+        _check(name, dtype, T, backend=be, drop=0.25 if T > 1 else 0.0, seed=T)
+    shape = SHAPES[name]
+    w13, w2 = _weights(name, dtype)
+    cases = [_case(shape, 2, dtype, seed=70 + r, drop=0.2) for r in range(3)]
+    x, tw, ids = (cases[0].x.clone(), cases[0].topk_weights.clone(),
+                  cases[0].topk_ids.clone())
+    be.run_experts(x, w13, w2, tw, ids)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = be.run_experts(x, w13, w2, tw, ids)
+    for c in cases:
+        x.copy_(c.x)
+        tw.copy_(c.topk_weights)
+        ids.copy_(c.topk_ids)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(out, _reference(c, w13, w2)) <= TOL[dtype], (name, dtype)
+
+
 def test_capture_at_prefill_size():
     """The whole call is capturable for every bucket's config at a prefill size too."""
     from moerun.backends.triton import TritonExperts

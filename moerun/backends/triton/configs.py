@@ -124,6 +124,11 @@ class ExpertsConfig:
             persistent TMA kernels of ``persistent.py`` for compute-bound buckets (needs
             ``combine="reduce"``, ``split_k == 1``; falls back to ``"grouped"`` for calls TMA
             cannot take, e.g. unaligned strides or the fused shared expert, logged once).
+            ``"direct"`` -- the decode path for a few tokens: no alignment, two launches
+            (``gate_up.gate_up_direct``: one 16-row tile per (token, j) pair, the routing
+            weight in its epilogue; ``down.down_direct``: each token's K pairs summed in one
+            loop, written in x.dtype). Needs ``block_m=16`` and ``down.split_k == 1``;
+            ``combine`` is what the grouped fallback (the fused shared expert) uses.
         programs: persistent programs per launch (0: the device's SM count); only with
             ``kernel="persistent"``.
     """
@@ -142,9 +147,13 @@ class ExpertsConfig:
             raise ValueError(f"ExpertsConfig.combine={self.combine!r}: use 'atomic' or 'reduce'")
         if self.down.split_k > 1 and self.combine != "atomic":
             raise ValueError("ExpertsConfig: down.split_k > 1 needs combine='atomic'")
-        if self.kernel not in ("grouped", "persistent"):
-            raise ValueError(f"ExpertsConfig.kernel={self.kernel!r}: use 'grouped' or "
-                             "'persistent'")
+        if self.kernel not in ("grouped", "persistent", "direct"):
+            raise ValueError(f"ExpertsConfig.kernel={self.kernel!r}: use 'grouped', "
+                             "'persistent' or 'direct'")
+        if self.kernel == "direct" and (self.block_m != 16 or self.down.split_k != 1
+                                        or self.gate_up.paired):
+            raise ValueError("ExpertsConfig: kernel='direct' needs block_m=16, "
+                             "down.split_k=1 and an unpaired gate/up tile")
         if self.kernel == "persistent" and self.combine != "reduce":
             raise ValueError("ExpertsConfig: kernel='persistent' needs combine='reduce' (its "
                              "down kernel writes per-pair rows)")
@@ -187,6 +196,8 @@ class ExpertsConfig:
                 return "".join(ch for ch, on in (("F", c.flatten), ("W", c.warp_specialize),
                                                  ("A", getattr(c, "a_tma", False))) if on)
             key += f"|persistent p{self.programs} gu{flags(g) or '-'} dn{flags(d) or '-'}"
+        elif self.kernel == "direct":
+            key += "|direct"
         return key
 
 

@@ -12,6 +12,12 @@ scales row ``r`` by ``topk_weights.flat[pair(r)]`` and then either
 * else: stores it as row ``pair(r)`` of ``y [M*K, H]`` (x.dtype), for ``combine.moe_sum``.
 
 The A operand needs no gather (rows are contiguous in aligned order).
+
+Direct rows (:func:`down_direct`, the ``kernel="direct"`` decode path): program ``(n, t)``
+sums ``act[t*K + j] @ w2[e_j, n*BN:...]^T`` over token ``t``'s ``K`` pairs in ONE loop of
+``K * ceil(I / BK)`` steps (one pipeline for all of them; the routing weight is already in
+``act``, applied by ``gate_up_direct``) and writes ``out[t, n*BN:...]`` in x.dtype: no
+accumulator to zero, no sum launch. Excluded pairs' steps load nothing.
 """
 
 from __future__ import annotations
@@ -21,17 +27,17 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
-from moerun._triton.launch import FastLauncher, cdiv
+from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 
 from moerun.backends.base import FusedShared
 from moerun.backends.reference import slot_w2
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import DownConfig
-from moerun.backends.triton.gate_up import dot_precision, grouped_pid
+from moerun.backends.triton.gate_up import DIRECT_BLOCK_M, dot_precision, grouped_pid
 
 patch_interpreter()
 
-__all__ = ["down", "down_torch"]
+__all__ = ["down", "down_torch", "down_direct", "down_direct_torch"]
 
 
 # ---------------------------------------------------------------- kernel
@@ -108,6 +114,54 @@ def _down_kernel(
 _LAUNCH = FastLauncher(_down_kernel)
 
 
+@triton.jit(do_not_specialize=["num_tokens"])
+def _down_direct_kernel(
+    act_ptr,  # [M*K, I], weighted rows of gate_up_direct
+    w2_ptr,  # [S, H, I]
+    out_ptr,  # [M, H] x.dtype
+    topk_ids_ptr,  # [M*K] int32
+    num_tokens, hidden, inter, num_slots,
+    stride_am, stride_we, stride_wn, stride_om,
+    TOP_K: tl.constexpr, K_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    tok = tl.program_id(1).to(tl.int64)
+    offs_j = tl.arange(0, K_P2)
+    ids = tl.load(topk_ids_ptr + tok * TOP_K + offs_j, mask=offs_j < TOP_K, other=-1)
+    rows = tl.arange(0, BLOCK_M)
+    row0 = rows == 0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_nw = (offs_n % hidden).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    steps = tl.cdiv(inter, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for it in range(0, TOP_K * steps):
+        j = it // steps
+        k0 = (it - j * steps) * BLOCK_K
+        e = tl.sum(tl.where(offs_j == j, ids, 0))
+        ok = (e >= 0) & (e < num_slots)
+        pair = tok * TOP_K + j
+        a_ptrs = act_ptr + pair * stride_am + k0 + offs_k[None, :] + rows[:, None] * 0
+        b_ptrs = w2_ptr + e.to(tl.int64) * stride_we + offs_nw[None, :] * stride_wn \
+            + k0 + offs_k[:, None]
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row0[:, None] & ok, other=0.0)
+            b = tl.load(b_ptrs, mask=ok, other=0.0)
+        else:
+            k_ok = offs_k < inter - k0
+            a = tl.load(a_ptrs, mask=row0[:, None] & k_ok[None, :] & ok, other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & ok, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    dst = out_ptr + tok * stride_om + offs_n[None, :] + rows[:, None] * 0
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty),
+             mask=row0[:, None] & (offs_n < hidden)[None, :])
+
+
+_LAUNCH_DIRECT = FastLauncher(_down_direct_kernel)
+
+
 # ---------------------------------------------------------------- launcher
 def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: torch.Tensor,
          top_k: int, cfg: DownConfig, *, atomic_out: torch.Tensor | None = None,
@@ -176,6 +230,50 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
     return dst
 
 
+def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg: DownConfig,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[t] = sum_j act[t*K + j] @ w2[topk_ids[t, j]]^T`` over token ``t``'s local pairs
+    (the ``kernel="direct"`` decode path; ``act`` from ``gate_up_direct``, weights applied).
+
+    Args:
+        act: ``[M*K, I]``, last dim contiguous. w2: ``[S, H, I]`` act.dtype.
+        topk_ids: ``[M, K]`` int32 contiguous (``-1`` / ``>= S``: excluded, its row unread).
+        cfg: the tile (``split_k`` must be 1; ``group_m`` unused).
+        out: optional ``[M, H]`` act.dtype buffer.
+
+    Returns: ``out [M, H]`` act.dtype (zeros for a token with no local pair). One launch,
+    ``M * ceil(H / BN)`` programs; current stream; no host sync; capture-safe.
+    """
+    pairs, inter = act.shape
+    s, h, i2 = w2.shape
+    if i2 != inter or w2.dtype != act.dtype or w2.stride(2) != 1 or act.stride(1) != 1:
+        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} does not match act "
+                         f"{tuple(act.shape)} {act.dtype} (expected [S, H, {inter}], "
+                         f"contiguous last dim)")
+    if topk_ids.dim() != 2 or topk_ids.numel() != pairs or topk_ids.dtype != torch.int32 \
+            or not topk_ids.is_contiguous():
+        raise ValueError(f"topk_ids must be a contiguous int32 [M, K] tensor of {pairs} pairs")
+    if cfg.split_k != 1:
+        raise ValueError(f"DownConfig.split_k={cfg.split_k}: the direct down kernel has no "
+                         "split-K (use split_k=1)")
+    m, k = topk_ids.shape
+    if out is None:
+        out = torch.empty(m, h, dtype=act.dtype, device=act.device)
+    elif out.shape != (m, h) or out.dtype != act.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {h}] {act.dtype}")
+    if m == 0:
+        return out
+    _LAUNCH_DIRECT(
+        (cdiv(h, cfg.block_n), m),
+        act, w2, out, topk_ids, m, h, inter, s,
+        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        k, max(2, next_pow2(k)), DIRECT_BLOCK_M, cfg.block_n, cfg.block_k,
+        inter % cfg.block_k == 0, dot_precision(act.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
 # ---------------------------------------------------------------- torch twin
 def down_torch(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
                topk_weights: torch.Tensor, top_k: int, *, atomic: bool,
@@ -202,3 +300,15 @@ def down_torch(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
     if atomic:
         return y.view(p // top_k, top_k, h).sum(1)
     return y.to(act.dtype)
+
+
+def down_direct_torch(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor
+                      ) -> torch.Tensor:
+    """Pure-torch twin of :func:`down_direct` (fp32 math, act.dtype result)."""
+    m, k = topk_ids.shape
+    s = w2.shape[0]
+    ids = topk_ids.reshape(-1).long()
+    ok = (ids >= 0) & (ids < s)
+    y = torch.einsum("pi,phi->ph", act.float(), w2[ids.clamp(0, max(s - 1, 0))].float())
+    y = torch.where(ok[:, None], y, torch.zeros_like(y))
+    return y.view(m, k, -1).sum(1).to(act.dtype)

@@ -34,6 +34,12 @@ A bucket whose tuned entry says ``kernel="persistent"`` runs steps 2-3 as the pe
 kernels of ``persistent.py`` instead (same buffers, same combine; grouped kernels when the call
 has the fused shared expert or strides TMA cannot take). The heuristic never picks them.
 
+A bucket whose tuned entry says ``kernel="direct"`` (decode, a few tokens) runs **2 launches**
+and no alignment: ``gate_up.gate_up_direct`` (one tile per (token, j) pair, its slot read from
+``topk_ids``, the routing weight applied in the epilogue) and ``down.down_direct`` (each
+token's K pairs summed in one loop, written in x.dtype). The fused shared expert takes the
+grouped kernels with the same tiles. The heuristic never picks it.
+
 Capture-safe: buffers are sized by static bounds, no device->host sync anywhere in
 ``run_experts``; it runs on the current stream. Triton is imported lazily (first call), so
 ``import moerun`` works without it.
@@ -225,7 +231,8 @@ class TritonExperts(Backend):
                                quant.out_dtype)
 
     def run_experts(self, x, w13, w2, topk_weights, topk_ids, shared=None, *, quant=None):
-        """See :meth:`Backend.run_experts`. 4 launches (module docstring); no host sync.
+        """See :meth:`Backend.run_experts`. 4 launches (2 with a ``kernel="direct"``
+        config; module docstring); no host sync.
 
         With ``quant`` (``x`` a :class:`~moerun.quant.QuantizedRows`, or activation-dtype rows:
         ``fuses_activation_quant``): the fp8 block-scaled kernels of ``fp8.py`` (4 launches;
@@ -297,6 +304,12 @@ class TritonExperts(Backend):
 
         n_shared = 0 if shared is None else shared.num_slots
         cfg = self.config_for(s, inter, h, m, k - n_shared, x.dtype)
+        if cfg.kernel == "direct" and shared is None:
+            from moerun.backends.triton.down import down_direct
+            from moerun.backends.triton.gate_up import gate_up_direct
+
+            act = gate_up_direct(x, w13, ids, weights, cfg.gate_up)  # launch 1
+            return down_direct(act, w2, ids, cfg.down)  # launch 2
         if cfg.kernel == "persistent":
             from moerun.backends.triton.persistent import run_persistent
 

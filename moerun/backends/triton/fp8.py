@@ -13,7 +13,10 @@ shared by all in ``fp8_tiles.py``):
   dispatch that moves fp8 rows (post-quant dispatch).
 * ``gate_up_fp8`` -- as ``gate_up.gate_up``, with ``BLOCK_K = G``: each K step loads one
   activation scale per row and one weight scale per output column, ``acc += dot(a_fp8,
-  w_fp8) * a_scale * w_scale`` (fp32), ``silu(gate) * up`` in the epilogue, written in the
+  w_fp8) * a_scale * w_scale`` (fp32; a tile of at most 128 columns lies in one weight
+  block, so its step loads ONE weight scale and multiplies by a per-row vector, the
+  ``rowscale`` form of ``benchmarks/fp8_gemm_probe.py``; the down GEMM likewise),
+  ``silu(gate) * up`` in the epilogue, written in the
   layer's activation dtype. The activations are either already fp8 (``QuantizedRows``) or
   quantized in registers as they are loaded (the activation quantization fused into this
   kernel: each 128-column tile is exactly one group, so its row amax is local).
@@ -112,14 +115,22 @@ def _gate_up_fp8_kernel(
 
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # BLOCK_N <= G: the tile's columns lie in one weight block, so a step's weight scale is
+    # one scalar and the step's scale a [BLOCK_M] vector (no [BM, BN] outer product)
+    gs0 = ws_ptr + expert * stride_wse + ((pid_n * BLOCK_N) // G) * stride_wsn
+    us0 = gs0 + (inter // G) * stride_wsn
     for k in range(0, hidden // G):
         a, a_s = load_act_tile(a_ptrs, as_ptrs, k, row_ok, A_FP8, EPS, QMAX)
         g = tl.load(g_ptrs)
         u = tl.load(u_ptrs)
-        g_s = tl.load(gs_ptrs + k)
-        u_s = tl.load(us_ptrs + k)
-        acc_g += tl.dot(a, g) * (a_s[:, None] * g_s[None, :])
-        acc_u += tl.dot(a, u) * (a_s[:, None] * u_s[None, :])
+        if BLOCK_N <= G:
+            acc_g += tl.dot(a, g) * (a_s * tl.load(gs0 + k))[:, None]
+            acc_u += tl.dot(a, u) * (a_s * tl.load(us0 + k))[:, None]
+        else:
+            g_s = tl.load(gs_ptrs + k)
+            u_s = tl.load(us_ptrs + k)
+            acc_g += tl.dot(a, g) * (a_s[:, None] * g_s[None, :])
+            acc_u += tl.dot(a, u) * (a_s[:, None] * u_s[None, :])
         a_ptrs += G
         g_ptrs += G
         u_ptrs += G
@@ -165,6 +176,7 @@ def _down_fp8_kernel(
     b_ptrs = w_ptr + expert * stride_we + offs_nw[None, :].to(tl.int64) * stride_wn \
         + offs_k[:, None]
     bs_ptrs = ws_ptr + expert * stride_wse + (offs_nw // G) * stride_wsn + pid_k
+    bs0 = ws_ptr + expert * stride_wse + ((pid_n * BLOCK_N) // G) * stride_wsn + pid_k
     as_ptrs = acts_ptr + offs_m.to(tl.int64) * stride_asm + pid_k
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -176,8 +188,11 @@ def _down_fp8_kernel(
             af = tl.load(a_ptrs).to(tl.float32)
             a, a_s = quantize_tile(af, EPS, QMAX)
         b = tl.load(b_ptrs)
-        b_s = tl.load(bs_ptrs + k * SPLIT_K)
-        acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
+        if BLOCK_N <= G:  # one weight block per tile and step: a scalar scale
+            acc += tl.dot(a, b) * (a_s * tl.load(bs0 + k * SPLIT_K))[:, None]
+        else:
+            b_s = tl.load(bs_ptrs + k * SPLIT_K)
+            acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
         a_ptrs += G * SPLIT_K
         b_ptrs += G * SPLIT_K
 

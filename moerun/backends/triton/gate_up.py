@@ -15,6 +15,12 @@ expert's own ``[2*Is, H]`` tensor instead (slot ``j``: gate rows ``j*I..``, up r
 ``Is + j*I..``); ``SHARED = 1`` when ``Is == I`` (the up offset is the routed one),
 ``SHARED = 2`` otherwise. ``SHARED = 0`` compiles exactly the routed-only kernel.
 
+Direct rows (``DIRECT = 1``, :func:`gate_up_direct`, the ``kernel="direct"`` decode path):
+no alignment -- program ``(p, n)`` owns pair ``p`` alone (row 0 of its tile; the other rows
+load nothing), reads its slot straight from ``topk_ids.flat[p]`` (excluded pairs write
+nothing), multiplies ``silu(g) * u`` by the routing weight ``topk_weights.flat[p]`` and writes
+row ``p`` of ``act [M*K, I]``, so the down kernel only sums.
+
 Ordering: programs are grouped ``GROUP_M`` blocks at a time (m fastest inside a group) so the
 blocks of one expert share weight tiles through L2; ``GROUP_M = 1`` puts every block's N
 tiles together, which also leaves the unused blocks (past ``num_post``) at the grid's end.
@@ -36,13 +42,18 @@ from moerun.backends.triton.configs import GateUpConfig
 
 patch_interpreter()
 
-__all__ = ["gate_up", "gate_up_torch", "dot_precision", "grouped_pid"]
+__all__ = ["gate_up", "gate_up_torch", "gate_up_direct", "gate_up_direct_torch",
+           "dot_precision", "grouped_pid"]
 
 
 # ---------------------------------------------------------------- constants / config
 def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot`` input precision: IEEE for fp32 (no TF32), the default otherwise."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+#: Rows of the direct path's tile (one live row; the smallest ``tl.dot`` M).
+DIRECT_BLOCK_M = 16
 
 
 # ---------------------------------------------------------------- kernel
@@ -65,7 +76,8 @@ def _gate_up_kernel(
     w13_ptr,  # [S, 2I, H]
     sw13_ptr,  # [2*Is, H] shared expert (read iff SHARED)
     act_ptr,  # [R, I] out, x.dtype
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment (DIRECT: -, topk_ids, -)
+    topk_weights_ptr,  # [M*K] fp32, read iff DIRECT
     # sizes
     num_pairs, inter, hidden, max_blocks, num_routed, s_inter,
     # strides in elements (the last dim of every tensor is contiguous; the shared tensor's
@@ -75,18 +87,26 @@ def _gate_up_kernel(
     TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-    SHARED: tl.constexpr,
+    SHARED: tl.constexpr, DIRECT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    tok = (pair // TOP_K).to(tl.int64)
+    if DIRECT:  # pid_m is the pair; its slot straight from topk_ids
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        if (expert < 0) | (expert >= num_routed):
+            return
+        rows = tl.arange(0, BLOCK_M)
+        row_ok = rows == 0
+        tok = (pid_m // TOP_K + rows * 0).to(tl.int64)
+        offs_m = pid_m + rows * 0  # output row: the pair's (only row 0 is stored)
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+            return
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_ids_ptr + offs_m)
+        row_ok = pair < num_pairs
+        tok = (pair // TOP_K).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_nw = offs_n % inter  # columns past I read valid rows; their results are dropped
     offs_k = tl.arange(0, BLOCK_K)
@@ -125,7 +145,12 @@ def _gate_up_kernel(
 
     act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up, fp32
     out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
-    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
+    if DIRECT:
+        act = act * tl.load(topk_weights_ptr + pid_m)
+        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_n < inter)[None, :])
+    else:
+        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
 
 
 _LAUNCH = FastLauncher(_gate_up_kernel)
@@ -150,17 +175,10 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
     Returns: ``act [max_blocks*BM, I]`` x.dtype, rows in aligned order; rows of blocks past
     ``num_post`` are not written. One launch; current stream; no host sync.
     """
-    if cfg.paired:
-        raise ValueError("GateUpConfig.paired is a tile of the fp8 kernels (fp8.gate_up_fp8); "
-                         "the bf16/fp16 gate/up kernel has no paired form: drop paired=True")
+    _check_weights(x, w13, cfg)
     m, h = x.shape
-    s, two_i, h2 = w13.shape
+    s, two_i, _ = w13.shape
     inter = two_i // 2
-    if h2 != h or two_i % 2 or w13.dtype != x.dtype:
-        raise ValueError(f"w13 {tuple(w13.shape)} {w13.dtype} does not match x {tuple(x.shape)} "
-                         f"{x.dtype}: expected [S, 2*I, {h}] {x.dtype}")
-    if x.stride(1) != 1 or w13.stride(2) != 1:
-        raise ValueError("x and w13 need a contiguous last dimension")
     if align.num_pairs != m * top_k:
         raise ValueError(f"alignment covers {align.num_pairs} pairs, expected {m}*{top_k}")
     rows = align.max_blocks * align.block_m
@@ -179,12 +197,72 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
     grid = (align.max_blocks * cdiv(inter, cfg.block_n),)
     _LAUNCH(
         grid,
-        x, w13, sw13, out, align.sorted_ids, align.expert_ids, align.num_post,
+        x, w13, sw13, out, align.sorted_ids, align.expert_ids, align.num_post, x,
         align.num_pairs, inter, h, align.max_blocks, s, s_inter,
         x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, SHARED
+        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, SHARED, DIRECT
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, h % cfg.block_k == 0,
-        dot_precision(x.dtype), mode,
+        dot_precision(x.dtype), mode, 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def _check_weights(x: torch.Tensor, w13: torch.Tensor, cfg: GateUpConfig) -> None:
+    if cfg.paired:
+        raise ValueError("GateUpConfig.paired is a tile of the fp8 kernels (fp8.gate_up_fp8); "
+                         "the bf16/fp16 gate/up kernel has no paired form: drop paired=True")
+    h = x.shape[1]
+    two_i, h2 = w13.shape[1:]
+    if h2 != h or two_i % 2 or w13.dtype != x.dtype:
+        raise ValueError(f"w13 {tuple(w13.shape)} {w13.dtype} does not match x {tuple(x.shape)} "
+                         f"{x.dtype}: expected [S, 2*I, {h}] {x.dtype}")
+    if x.stride(1) != 1 or w13.stride(2) != 1:
+        raise ValueError("x and w13 need a contiguous last dimension")
+
+
+def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
+                   topk_weights: torch.Tensor, cfg: GateUpConfig,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """``act[p] = w_p * silu(x[t] @ W_gate[e]^T) * (x[t] @ W_up[e]^T)`` for every pair
+    ``p = t*K + j`` with ``e = topk_ids[t, j]``, ``w_p = topk_weights[t, j]``, no alignment
+    (the ``kernel="direct"`` decode path; one 16-row tile per pair, row 0 live).
+
+    Args:
+        x: ``[M, H]`` fp32/fp16/bf16, last dim contiguous. w13: ``[S, 2I, H]`` same dtype.
+        topk_ids: ``[M, K]`` int32 contiguous (``-1`` / ``>= S``: excluded, row not written).
+        topk_weights: ``[M, K]`` fp32 contiguous. cfg: the tile (``block_m`` is 16).
+        out: optional ``[M*K, I]`` buffer (tests poison it).
+
+    Returns: ``act [M*K, I]`` x.dtype; rows of excluded pairs are not written. One launch;
+    current stream; no host sync; capture-safe.
+    """
+    _check_weights(x, w13, cfg)
+    m, h = x.shape
+    s, two_i, _ = w13.shape
+    inter = two_i // 2
+    pairs = topk_ids.numel()
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_ids.dtype != torch.int32 \
+            or not topk_ids.is_contiguous():
+        raise ValueError(f"topk_ids must be a contiguous int32 [{m}, K] tensor")
+    if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32 or \
+            not topk_weights.is_contiguous():
+        raise ValueError(f"topk_weights must be a contiguous fp32 {tuple(topk_ids.shape)} "
+                         "tensor")
+    if out is None:
+        out = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    elif out.shape != (pairs, inter) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{pairs}, {inter}] {x.dtype}")
+    if pairs == 0:
+        return out
+    grid = (pairs * cdiv(inter, cfg.block_n),)
+    _LAUNCH(
+        grid,
+        x, w13, w13, out, topk_ids, topk_ids, topk_ids, topk_weights,
+        pairs, inter, h, pairs, s, inter,
+        x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
+        topk_ids.shape[1], DIRECT_BLOCK_M, cfg.block_n, cfg.block_k, 1, h % cfg.block_k == 0,
+        dot_precision(x.dtype), 0, 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -212,3 +290,20 @@ def gate_up_torch(x: torch.Tensor, w13: torch.Tensor, align: Alignment,
         live = (align.expert_ids[b] >= 0) & (b * bm < align.num_post[0])
         out[b * bm:(b + 1) * bm] = torch.where(live, act, torch.zeros_like(act)).to(x.dtype)
     return out
+
+
+def gate_up_direct_torch(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
+                         topk_weights: torch.Tensor) -> torch.Tensor:
+    """Pure-torch twin of :func:`gate_up_direct` (fp32 math, x.dtype result); rows of excluded
+    pairs are zero here (the kernel leaves them unwritten)."""
+    m, h = x.shape
+    s, two_i, _ = w13.shape
+    inter = two_i // 2
+    ids = topk_ids.reshape(-1).long()
+    ok = (ids >= 0) & (ids < s)
+    w = w13[ids.clamp(0, max(s - 1, 0))].float()  # [P, 2I, H]
+    xt = x.float().repeat_interleave(topk_ids.shape[1], dim=0)  # [P, H]
+    gu = torch.einsum("ph,pnh->pn", xt, w)
+    act = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+    act = act * topk_weights.reshape(-1, 1).float()
+    return torch.where(ok[:, None], act, torch.zeros_like(act)).to(x.dtype)

@@ -121,7 +121,7 @@ def _print_plan(points, out_dir: Path, out) -> None:
         print(f"point {pt.shape.name} T={pt.tokens} bucket={pt.bucket} mode={pt.mode} "
               f"S={pt.shape.num_experts} configs={pt.num_configs} "
               f"block_m={','.join(c.label for c in pt.candidate_sets)} "
-              f"persistent={len(pt.persistent)} "
+              f"persistent={len(pt.persistent)} direct={len(pt.direct)} "
               f"incumbent=\"{pt.incumbent_source}\" file={out_dir / pt.file_name}", file=out)
     print(f"plan: {len(points)} points, {total} configs to time", file=out)
 
@@ -309,6 +309,8 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
                                          combine=d.combine), "full")
         for cfg in pt.persistent:  # whole calls: their gate/up is not the grouped kernel
             time_whole(cfg, "full, persistent")
+        for cfg in pt.direct:  # whole calls: no alignment, their own two kernels
+            time_whole(cfg, "full, direct")
         time_whole(pt.incumbent, f"incumbent, {pt.incumbent_source}", "incumbent ")
         best_us, best_cfg = best
         eff = floor.us / best_us if best_cfg is not None else float("nan")

@@ -3,7 +3,8 @@
 the plan (points, incumbents, target files) and the merge of winners into a config file.
 
 Prefill points of 2-byte dtypes also time the persistent TMA kernels as whole calls
-(:func:`persistent_candidates`). Pure host code (no triton, no GPU): ``moerun tune --plan``
+(:func:`persistent_candidates`), and decode points of a few tokens the two-launch direct
+path (:func:`direct_candidates`). Pure host code (no triton, no GPU): ``moerun tune --plan``
 prints a plan on any machine, and
 the tests check the space and the file round trip on a CPU. Legend: ``S`` local slots (the
 bench shape's ``num_experts``), ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
@@ -25,16 +26,25 @@ from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, SME
 from moerun.bench.shapes import BenchShape
 
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
-           "TunePoint", "TunedEntry", "candidates", "persistent_candidates", "fp8_candidates",
+           "TunePoint", "TunedEntry", "candidates", "persistent_candidates", "direct_candidates",
+           "fp8_candidates", "DIRECT_MAX_TOKENS",
            "check_fp8_shape",
            "plan_points", "point_mode", "read_config_data", "merge_entries", "compile_configs"]
 
-#: Configs timed per point at most (the incumbent included).
+#: Configs timed per point at most (the incumbent included; the direct candidates of a
+#: decode point come on top).
 MAX_CONFIGS = 24
+#: Largest T whose point also times the direct (no-alignment) configs: every (token, j)
+#: pair streams its expert's weights on its own, so past a few tokens the grouped kernels'
+#: one block per hit expert reads less.
+DIRECT_MAX_TOKENS = 4
 #: The same bound for the fp8 kernels: the space of the 2026-12-01 fp8 sweep (at most 30
 #: candidates per point) with the paired gate/up tiles added (at most 40), plus the
-#: incumbent, so nothing of it is pruned.
-FP8_MAX_CONFIGS = 41
+#: incumbent, so nothing of it is pruned; 4 more for the ``group_m=16`` variants.
+FP8_MAX_CONFIGS = 45
+#: Rows per hit expert from which the fp8 space adds ``group_m=16`` variants of its best
+#: prefill tiles (4 more configs: the T=8192 points).
+FP8_WIDE_GROUP_TPE = 256
 #: The dtype of the fp8 block-scaled kernels' config files (``moerun tune --dtype fp8``).
 FP8 = torch.float8_e4m3fn
 #: Streaming multiprocessors the pruning assumes (H100/H200 SXM).
@@ -96,11 +106,14 @@ class TunePoint:
     #: whole configs timed as they are (the persistent TMA kernels: their gate/up kernel is
     #: not the grouped one the sets time alone), after the sets
     persistent: tuple[ExpertsConfig, ...] = ()
+    #: whole configs of the direct decode path (``kernel="direct"``), timed likewise
+    direct: tuple[ExpertsConfig, ...] = ()
 
     @property
     def num_configs(self) -> int:
         """Configs timed for this point: every candidate plus the incumbent."""
-        return sum(c.size for c in self.candidate_sets) + len(self.persistent) + 1
+        return (sum(c.size for c in self.candidate_sets) + len(self.persistent)
+                + len(self.direct) + 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,6 +234,22 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
             for g, d in ((gu, dn256), (gu_tma, dn256), (gu, dn128), (gu4, dn4))]
 
 
+def direct_candidates(tokens: int) -> list[ExpertsConfig]:
+    """The direct decode configs (``kernel="direct"``: no alignment, two launches) a point
+    of at most :data:`DIRECT_MAX_TOKENS` rows times as whole calls: gate/up tiles of 32-128
+    columns (``K * I / BN`` programs) by down tiles of 16-64 columns (``T * H / BN``
+    programs, each streaming its token's K experts), 4 warps."""
+    if tokens > DIRECT_MAX_TOKENS:
+        return []
+    G, D = GateUpConfig, DownConfig
+    gate_ups = (G(block_n=32, block_k=128, num_stages=4), G(block_n=64, block_k=128, num_stages=4),
+                G(block_n=128, block_k=64, num_stages=4))
+    downs = (D(block_n=16, block_k=256, num_stages=4), D(block_n=32, block_k=128, num_stages=4),
+             D(block_n=32, block_k=256, num_stages=4), D(block_n=64, block_k=128, num_stages=4))
+    return [ExpertsConfig(block_m=16, gate_up=g, down=d, combine="atomic", kernel="direct")
+            for g in gate_ups for d in downs]
+
+
 def _within(out: list[tuple], cap: int) -> list[CandidateSet]:
     """``[(block_m, gate_ups, [(down, combine)], *fp8_intermediate)]`` as candidate sets,
     the longest list trimmed from its end until the total fits ``cap - 1`` (one slot is the
@@ -264,7 +293,9 @@ def fp8_candidates(num_slots: int, top_k: int, hidden: int, inter: int,
       columns x 4/8 warps x 3/4 stages, down 64/128/256 columns x 4/8 warps of at least
       64 x 128, 2/3 stages, all ``group_m`` 8, reduce combine; the gate/up tiles after which
       the down GEMM reads fp8 (``configs.fp8_intermediate``: 128 columns, or paired) form
-      their own set.
+      their own set; at ``tpe >= FP8_WIDE_GROUP_TPE`` (the T=8192 cells) the paired tiles
+      256 x 8 warps x 3 stages and 128 x 4 x 4, and the downs 256 x 8 and 128 x 4, also with
+      ``group_m`` 16.
     """
     G, D = GateUpConfig, DownConfig
     pairs = tokens * top_k
@@ -295,6 +326,13 @@ def fp8_candidates(num_slots: int, top_k: int, hidden: int, inter: int,
         dns = [(D(block_n=bn, block_k=FP8_GROUP, group_m=8, num_warps=w, num_stages=st),
                 "reduce") for bn in (64, 128, 256) for w in (4, 8)
                if fp8_tile_fits(bm, bn, w, 1) and bm * bn >= 64 * 128 for st in (2, 3)]
+        if tpe >= FP8_WIDE_GROUP_TPE:  # long prefill: a wider L2 group of the best tiles
+            gus += [G(block_n=bn, block_k=FP8_GROUP, group_m=16, num_warps=w, num_stages=st,
+                      paired=True) for bn, w, st in ((256, 8, 3), (128, 4, 4))
+                    if fp8_tile_fits(bm, bn, w, 1) and bm * bn >= 64 * 128]
+            dns += [(D(block_n=bn, block_k=FP8_GROUP, group_m=16, num_warps=w, num_stages=3),
+                     "reduce") for bn, w in ((256, 8), (128, 4))
+                    if fp8_tile_fits(bm, bn, w, 1) and bm * bn >= 64 * 128]
         for f8 in (True, False):  # one set per intermediate form (fp8_intermediate)
             mine = [g for g in gus if fp8_intermediate(bm, g) == f8]
             if mine:
@@ -353,10 +391,11 @@ def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch
                 sets = candidates(shape.num_experts, shape.top_k, shape.hidden,
                                   shape.intermediate, t, elt,
                                   cap=MAX_CONFIGS - len(persistent))
+            direct = () if fp8 else tuple(direct_candidates(t))
             points.append(TunePoint(shape=shape, tokens=t, bucket=b,
                                     mode=point_mode(shape, t, graph_max_tokens), incumbent=inc,
                                     incumbent_source=source, candidate_sets=tuple(sets),
-                                    file_name=name, persistent=persistent))
+                                    file_name=name, persistent=persistent, direct=direct))
     return points
 
 
@@ -364,8 +403,8 @@ def compile_configs(point: TunePoint) -> list[ExpertsConfig]:
     """Every whole config a point may launch: the incumbent, each gate/up tile with the set's
     first down tile, each down tile with the first gate/up tile (the timed winner combines a
     timed gate/up and down tile; both were compiled through these), and the persistent
-    configs."""
-    out = [point.incumbent, *point.persistent]
+    and direct configs."""
+    out = [point.incumbent, *point.persistent, *point.direct]
     for cs in point.candidate_sets:
         first = cs.downs[0]
         out += [ExpertsConfig(block_m=cs.block_m, gate_up=g, down=first.down,
