@@ -6,7 +6,8 @@ Like ``test_triton_interp.py``, this file runs itself as the interpreter worker 
 subprocess (``TRITON_INTERPRET=1`` before triton is imported) and the tests read its JSON
 report. Cases: 1-4 tokens, sizes that are not multiples of any tile, top_k = 1, excluded
 pairs (``-1`` and ids ``>= S``), a token with no local pair, fp32 and fp16, the fused shared
-expert (which takes the grouped kernels with the same tiles), M = 0.
+expert (which takes the grouped kernels with the same tiles), M = 0; both down forms (per token,
+and per pair with arrival counters zeroed by the gate/up launch).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
 
     gu_cfg = GateUpConfig(block_n=16, block_k=32)
     dn_cfg = DownConfig(block_n=16, block_k=32)
-    direct = ExpertsConfig(block_m=16, gate_up=gu_cfg, down=dn_cfg, combine="atomic",
-                           kernel="direct")
-    table = ConfigTable(overrides={b: direct for b in range(1, 64)})
+    tables = {combine: ConfigTable(overrides={b: ExpertsConfig(
+        block_m=16, gate_up=gu_cfg, down=dn_cfg, combine=combine, kernel="direct")
+        for b in range(1, 64)}) for combine in ("reduce", "atomic")}
+    table = tables["atomic"]
     cases = [  # (name, M, K, S, H, I, ids or None)
         ("M=1", 1, 4, 8, 64, 48, None),
         ("odd-sizes", 3, 2, 5, 40, 24, None),
@@ -68,15 +70,26 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
             emit(kind="gate_up", name=f"{name}/{dt_name}", dtype=dt_name,
                  err=rel(act[live], act_t[live]),
                  unwritten=bool(act[~live].isnan().all()))
+            y_t = down_direct_torch(torch.where(live[:, None], act, 0), w2, ids)
             y = torch.full((m, h), float("nan"), dtype=dt)
             down_direct(act, w2, ids, dn_cfg, out=y)
-            emit(kind="down", name=f"{name}/{dt_name}", dtype=dt_name,
-                 err=rel(y, down_direct_torch(torch.where(live[:, None], act, 0), w2, ids)))
+            emit(kind="down", name=f"{name}/{dt_name}/per-token", dtype=dt_name,
+                 err=rel(y, y_t))
+            # the per-pair form: counters zeroed by the gate/up launch (poisoned first)
+            cnt = torch.full((m * -(-h // dn_cfg.block_n),), 7, dtype=torch.int32)
+            act2 = torch.full((m * k, i), float("nan"), dtype=dt)
+            gate_up_direct(x, w13, ids, tw, gu_cfg, out=act2, zero=cnt)
+            zeroed = bool((cnt == 0).all())
+            y = torch.full((m, h), float("nan"), dtype=dt)
+            down_direct(act2, w2, ids, dn_cfg, out=y, counters=cnt)
+            emit(kind="down", name=f"{name}/{dt_name}/per-pair", dtype=dt_name,
+                 err=rel(y, y_t), zeroed=zeroed, arrivals=cnt.tolist(), top_k=k)
             ref = reference_moe(x.double(), w13.double(), w2.double(), tw.double(), ids)
-            out = TritonExperts(table).run_experts(x, w13, w2, tw, ids)
-            emit(kind="backend", name=f"{name}/{dt_name}", dtype=dt_name, err=rel(out, ref),
-                 out_dtype=str(out.dtype), shape=list(out.shape),
-                 no_local_zero=bool((out[2] == 0).all()) if name == "excluded" else None)
+            for combine, tab in tables.items():
+                out = TritonExperts(tab).run_experts(x, w13, w2, tw, ids)
+                emit(kind="backend", name=f"{name}/{dt_name}/{combine}", dtype=dt_name,
+                     err=rel(out, ref), out_dtype=str(out.dtype), shape=list(out.shape),
+                     no_local_zero=bool((out[2] == 0).all()) if name == "excluded" else None)
     # the fused shared expert: the grouped kernels with the direct config's tiles
     m, k, s, h, i = 2, 2, 5, 48, 16
     x = rnd(m, h, dtype=torch.float32)
@@ -109,16 +122,19 @@ def report():
 @pytest.mark.parametrize("kind", ["gate_up", "down"])
 def test_direct_kernels_match_twins(report, kind):
     rows = rows_of(report, kind)
-    assert len(rows) == 8
+    assert len(rows) == (8 if kind == "gate_up" else 16)
     for r in rows:
         assert r["err"] <= TOL_TWIN[r["dtype"]], r  # NaN fails: a live row left unwritten
         if kind == "gate_up":
             assert r["unwritten"], r  # excluded pairs' rows stay as the caller left them
+        if r["name"].endswith("per-pair"):  # the gate/up launch zeroed the counters, and
+            assert r["zeroed"], r  # every (token, N tile) got exactly K arrivals
+            assert set(r["arrivals"]) == {r["top_k"]}, r
 
 
 def test_direct_backend_matches_reference(report):
     rows = rows_of(report, "backend")
-    assert len(rows) == 8
+    assert len(rows) == 16
     for r in rows:
         assert r["err"] <= TOL_BACKEND[r["dtype"]], r
         assert r["out_dtype"] == f"torch.{r['dtype']}", r
@@ -165,11 +181,12 @@ def test_tune_plan_times_direct_configs_at_decode_points(tmp_path):
     pts = plan_points([shape], [1, 4, 16], torch.bfloat16, "NVIDIA_H200", tmp_path)
     by_t = {p.tokens: p for p in pts}
     for t in (1, 4):
-        assert t <= DIRECT_MAX_TOKENS and len(by_t[t].direct) == 12
+        assert t <= DIRECT_MAX_TOKENS and len(by_t[t].direct) == 21
         assert all(c.kernel == "direct" and c.block_m == 16 for c in by_t[t].direct)
+        assert sum(c.combine == "atomic" for c in by_t[t].direct) == 9  # the per-pair form
         assert set(by_t[t].direct) <= set(compile_configs(by_t[t]))
         assert by_t[t].num_configs == (sum(c.size for c in by_t[t].candidate_sets)
-                                       + len(by_t[t].persistent) + 12 + 1)
+                                       + len(by_t[t].persistent) + 21 + 1)
     assert by_t[16].direct == ()
     fp8 = plan_points([shape], [1], FP8, "NVIDIA_H200", tmp_path)
     assert fp8[0].direct == ()  # the fp8 kernels have no direct form

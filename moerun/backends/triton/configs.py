@@ -126,9 +126,12 @@ class ExpertsConfig:
             cannot take, e.g. unaligned strides or the fused shared expert, logged once).
             ``"direct"`` -- the decode path for a few tokens: no alignment, two launches
             (``gate_up.gate_up_direct``: one 16-row tile per (token, j) pair, the routing
-            weight in its epilogue; ``down.down_direct``: each token's K pairs summed in one
-            loop, written in x.dtype). Needs ``block_m=16`` and ``down.split_k == 1``;
-            ``combine`` is what the grouped fallback (the fused shared expert) uses.
+            weight in its epilogue; ``down.down_direct``, written in x.dtype: with
+            ``combine="reduce"`` one program per (N tile, token) sums the token's K pairs
+            in one loop, with ``"atomic"`` one program per (N tile, pair) and the K-th
+            arrival sums the partials). Needs ``block_m=16`` and ``down.split_k == 1``;
+            the grouped fallback (the fused shared expert) uses the same tiles and
+            ``combine``.
         programs: persistent programs per launch (0: the device's SM count); only with
             ``kernel="persistent"``.
     """

@@ -13,11 +13,19 @@ scales row ``r`` by ``topk_weights.flat[pair(r)]`` and then either
 
 The A operand needs no gather (rows are contiguous in aligned order).
 
-Direct rows (:func:`down_direct`, the ``kernel="direct"`` decode path): program ``(n, t)``
-sums ``act[t*K + j] @ w2[e_j, n*BN:...]^T`` over token ``t``'s ``K`` pairs in ONE loop of
-``K * ceil(I / BK)`` steps (one pipeline for all of them; the routing weight is already in
-``act``, applied by ``gate_up_direct``) and writes ``out[t, n*BN:...]`` in x.dtype: no
-accumulator to zero, no sum launch. Excluded pairs' steps load nothing.
+Direct rows (:func:`down_direct`, the ``kernel="direct"`` decode path; the routing weight
+is already in ``act``, applied by ``gate_up_direct``), two forms, no sum launch either way:
+
+* per token (``combine="reduce"``): program ``(n, t)`` sums ``act[t*K + j] @ w2[e_j,
+  n*BN:...]^T`` over token ``t``'s ``K`` pairs in ONE loop of ``K * ceil(I / BK)`` steps (one
+  pipeline for all of them) and writes ``out[t, n*BN:...]`` in x.dtype;
+* per pair (``combine="atomic"``): program ``(n, p)`` computes pair ``p``'s fp32 partial,
+  stores it, and takes a ticket on the arrival counter of ``(t, n)`` (zeroed by the gate/up
+  launch); the program that arrives K-th sums the token's K partials in pair order (so the
+  result does not depend on the arrival order) and writes ``out[t, n*BN:...]``. ``K`` times
+  the programs of the per-token form, for decode shapes whose ``H / BN`` alone is too few.
+
+Excluded pairs load no weights and add nothing.
 """
 
 from __future__ import annotations
@@ -162,6 +170,65 @@ def _down_direct_kernel(
 _LAUNCH_DIRECT = FastLauncher(_down_direct_kernel)
 
 
+@triton.jit
+def _down_direct_pairs_kernel(
+    act_ptr,  # [M*K, I], weighted rows of gate_up_direct
+    w2_ptr,  # [S, H, I]
+    out_ptr,  # [M, H] x.dtype
+    part_ptr,  # [M*K, H] fp32 scratch: each pair's partial
+    cnt_ptr,  # [M, ceil(H/BN)] int32 arrival counters, zero on entry
+    topk_ids_ptr,  # [M*K] int32
+    hidden, inter, num_slots,
+    stride_am, stride_we, stride_wn, stride_om, stride_pm,
+    TOP_K: tl.constexpr, K_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pair = tl.program_id(1).to(tl.int64)
+    tok = pair // TOP_K
+    e = tl.load(topk_ids_ptr + pair)
+    ok = (e >= 0) & (e < num_slots)
+    rows = tl.arange(0, BLOCK_M)
+    row0 = rows == 0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hidden
+    offs_nw = (offs_n % hidden).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = act_ptr + pair * stride_am + offs_k[None, :] + rows[:, None] * 0
+    b_ptrs = w2_ptr + tl.where(ok, e, 0).to(tl.int64) * stride_we \
+        + offs_nw[None, :] * stride_wn + offs_k[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    steps = tl.where(ok, tl.cdiv(inter, BLOCK_K), 0)  # excluded pairs load nothing
+    for k in range(0, steps):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row0[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < inter - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=row0[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    tl.store(part_ptr + pair * stride_pm + offs_n, tl.sum(acc, axis=0), mask=n_ok)
+    # every thread's partial stored before the ticket (release); the K-th arrival reads all
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + tok * tl.num_programs(0) + pid_n, 1, sem="acq_rel")
+    if ticket == TOP_K - 1:
+        tl.debug_barrier()
+        offs_j = tl.arange(0, K_P2)
+        ids = tl.load(topk_ids_ptr + tok * TOP_K + offs_j, mask=offs_j < TOP_K, other=-1)
+        live = (ids >= 0) & (ids < num_slots)
+        parts = tl.load(part_ptr + (tok * TOP_K + offs_j)[:, None] * stride_pm + offs_n[None, :],
+                        mask=live[:, None] & n_ok[None, :], other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + tok * stride_om + offs_n,
+                 tl.sum(parts, axis=0).to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+_LAUNCH_DIRECT_PAIRS = FastLauncher(_down_direct_pairs_kernel)
+
+
 # ---------------------------------------------------------------- launcher
 def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: torch.Tensor,
          top_k: int, cfg: DownConfig, *, atomic_out: torch.Tensor | None = None,
@@ -231,7 +298,8 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
 
 
 def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg: DownConfig,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, *,
+                counters: torch.Tensor | None = None) -> torch.Tensor:
     """``out[t] = sum_j act[t*K + j] @ w2[topk_ids[t, j]]^T`` over token ``t``'s local pairs
     (the ``kernel="direct"`` decode path; ``act`` from ``gate_up_direct``, weights applied).
 
@@ -240,9 +308,13 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
         topk_ids: ``[M, K]`` int32 contiguous (``-1`` / ``>= S``: excluded, its row unread).
         cfg: the tile (``split_k`` must be 1; ``group_m`` unused).
         out: optional ``[M, H]`` act.dtype buffer.
+        counters: None -- the per-token form (``M * ceil(H / BN)`` programs); or an int32
+            ``[M * ceil(H / BN)]`` buffer of zeros (zeroed by ``gate_up_direct(zero=)``) --
+            the per-pair form (``M * K * ceil(H / BN)`` programs, an fp32 ``[M*K, H]``
+            scratch, the K-th arrival of each (token, N tile) sums in pair order).
 
-    Returns: ``out [M, H]`` act.dtype (zeros for a token with no local pair). One launch,
-    ``M * ceil(H / BN)`` programs; current stream; no host sync; capture-safe.
+    Returns: ``out [M, H]`` act.dtype (zeros for a token with no local pair). One launch;
+    current stream; no host sync; capture-safe.
     """
     pairs, inter = act.shape
     s, h, i2 = w2.shape
@@ -261,7 +333,23 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
         out = torch.empty(m, h, dtype=act.dtype, device=act.device)
     elif out.shape != (m, h) or out.dtype != act.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{m}, {h}] {act.dtype}")
+    n_tiles = cdiv(h, cfg.block_n)
+    if counters is not None and (counters.dtype != torch.int32 or counters.numel() != m * n_tiles
+                                 or not counters.is_contiguous()):
+        raise ValueError(f"counters must be a contiguous int32 tensor of M * ceil(H / block_n) "
+                         f"= {m * n_tiles} zeros")
     if m == 0:
+        return out
+    if counters is not None:
+        part = torch.empty(pairs, h, dtype=torch.float32, device=act.device)
+        _LAUNCH_DIRECT_PAIRS(
+            (n_tiles, pairs),
+            act, w2, out, part, counters, topk_ids, h, inter, s,
+            act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), part.stride(0),
+            k, max(2, next_pow2(k)), DIRECT_BLOCK_M, cfg.block_n, cfg.block_k,
+            inter % cfg.block_k == 0, dot_precision(act.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
         return out
     _LAUNCH_DIRECT(
         (cdiv(h, cfg.block_n), m),

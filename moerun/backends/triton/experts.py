@@ -37,8 +37,10 @@ has the fused shared expert or strides TMA cannot take). The heuristic never pic
 A bucket whose tuned entry says ``kernel="direct"`` (decode, a few tokens) runs **2 launches**
 and no alignment: ``gate_up.gate_up_direct`` (one tile per (token, j) pair, its slot read from
 ``topk_ids``, the routing weight applied in the epilogue) and ``down.down_direct`` (each
-token's K pairs summed in one loop, written in x.dtype). The fused shared expert takes the
-grouped kernels with the same tiles. The heuristic never picks it.
+token's K pairs summed in one loop, ``combine="reduce"``; or one program per pair whose K-th
+arrival per (token, N tile) sums the partials, ``combine="atomic"``), written in x.dtype.
+The fused shared expert takes the grouped kernels with the same tiles. The heuristic never
+picks it.
 
 Capture-safe: buffers are sized by static bounds, no device->host sync anywhere in
 ``run_experts``; it runs on the current stream. Triton is imported lazily (first call), so
@@ -308,8 +310,12 @@ class TritonExperts(Backend):
             from moerun.backends.triton.down import down_direct
             from moerun.backends.triton.gate_up import gate_up_direct
 
-            act = gate_up_direct(x, w13, ids, weights, cfg.gate_up)  # launch 1
-            return down_direct(act, w2, ids, cfg.down)  # launch 2
+            cnt = None
+            if cfg.combine == "atomic":  # the per-pair down: arrival counters
+                cnt = torch.empty(m * -(-h // cfg.down.block_n), dtype=torch.int32,
+                                  device=x.device)
+            act = gate_up_direct(x, w13, ids, weights, cfg.gate_up, zero=cnt)  # launch 1
+            return down_direct(act, w2, ids, cfg.down, counters=cnt)  # launch 2
         if cfg.kernel == "persistent":
             from moerun.backends.triton.persistent import run_persistent
 

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
-from moerun._triton.launch import FastLauncher, cdiv
+from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 
 from moerun.backends.base import FusedShared
 from moerun.backends.reference import slot_w13
@@ -78,6 +78,7 @@ def _gate_up_kernel(
     act_ptr,  # [R, I] out, x.dtype
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment (DIRECT: -, topk_ids, -)
     topk_weights_ptr,  # [M*K] fp32, read iff DIRECT
+    zero_ptr, zero_numel,  # int32 buffer zeroed iff ZBLOCK (the direct down's counters)
     # sizes
     num_pairs, inter, hidden, max_blocks, num_routed, s_inter,
     # strides in elements (the last dim of every tensor is contiguous; the shared tensor's
@@ -87,9 +88,12 @@ def _gate_up_kernel(
     TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-    SHARED: tl.constexpr, DIRECT: tl.constexpr,
+    SHARED: tl.constexpr, DIRECT: tl.constexpr, ZBLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if ZBLOCK > 0:  # every program zeroes its share, excluded pairs' programs too
+        offs_z = pid * ZBLOCK + tl.arange(0, ZBLOCK)
+        tl.store(zero_ptr + offs_z, tl.zeros([ZBLOCK], dtype=tl.int32), mask=offs_z < zero_numel)
     pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
     if DIRECT:  # pid_m is the pair; its slot straight from topk_ids
         expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
@@ -197,12 +201,12 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
     grid = (align.max_blocks * cdiv(inter, cfg.block_n),)
     _LAUNCH(
         grid,
-        x, w13, sw13, out, align.sorted_ids, align.expert_ids, align.num_post, x,
+        x, w13, sw13, out, align.sorted_ids, align.expert_ids, align.num_post, x, x, 0,
         align.num_pairs, inter, h, align.max_blocks, s, s_inter,
         x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, SHARED, DIRECT
+        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, SHARED, DIRECT, ZBLOCK
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, h % cfg.block_k == 0,
-        dot_precision(x.dtype), mode, 0,
+        dot_precision(x.dtype), mode, 0, 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -223,7 +227,8 @@ def _check_weights(x: torch.Tensor, w13: torch.Tensor, cfg: GateUpConfig) -> Non
 
 def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
                    topk_weights: torch.Tensor, cfg: GateUpConfig,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None,
+                   zero: torch.Tensor | None = None) -> torch.Tensor:
     """``act[p] = w_p * silu(x[t] @ W_gate[e]^T) * (x[t] @ W_up[e]^T)`` for every pair
     ``p = t*K + j`` with ``e = topk_ids[t, j]``, ``w_p = topk_weights[t, j]``, no alignment
     (the ``kernel="direct"`` decode path; one 16-row tile per pair, row 0 live).
@@ -233,6 +238,9 @@ def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
         topk_ids: ``[M, K]`` int32 contiguous (``-1`` / ``>= S``: excluded, row not written).
         topk_weights: ``[M, K]`` fp32 contiguous. cfg: the tile (``block_m`` is 16).
         out: optional ``[M*K, I]`` buffer (tests poison it).
+        zero: optional contiguous int32 buffer the launch also zeroes (the arrival counters
+            of :func:`~moerun.backends.triton.down.down_direct`'s pair-parallel form), so
+            they cost no launch of their own.
 
     Returns: ``act [M*K, I]`` x.dtype; rows of excluded pairs are not written. One launch;
     current stream; no host sync; capture-safe.
@@ -253,16 +261,21 @@ def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
         out = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     elif out.shape != (pairs, inter) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{pairs}, {inter}] {x.dtype}")
+    if zero is not None and (zero.dtype != torch.int32 or not zero.is_contiguous()):
+        raise ValueError("zero must be a contiguous int32 tensor")
     if pairs == 0:
         return out
-    grid = (pairs * cdiv(inter, cfg.block_n),)
+    programs = pairs * cdiv(inter, cfg.block_n)
+    znum = 0 if zero is None else zero.numel()
+    zblock = max(16, next_pow2(cdiv(znum, programs))) if znum else 0
     _LAUNCH(
-        grid,
+        (programs,),
         x, w13, w13, out, topk_ids, topk_ids, topk_ids, topk_weights,
+        x if zero is None else zero, znum,
         pairs, inter, h, pairs, s, inter,
         x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
         topk_ids.shape[1], DIRECT_BLOCK_M, cfg.block_n, cfg.block_k, 1, h % cfg.block_k == 0,
-        dot_precision(x.dtype), 0, 1,
+        dot_precision(x.dtype), 0, 1, zblock,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

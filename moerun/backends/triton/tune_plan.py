@@ -237,16 +237,23 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
 def direct_candidates(tokens: int) -> list[ExpertsConfig]:
     """The direct decode configs (``kernel="direct"``: no alignment, two launches) a point
     of at most :data:`DIRECT_MAX_TOKENS` rows times as whole calls: gate/up tiles of 32-128
-    columns (``K * I / BN`` programs) by down tiles of 16-64 columns (``T * H / BN``
-    programs, each streaming its token's K experts), 4 warps."""
+    columns (``K * I / BN`` programs) by the per-token down (``combine="reduce"``: tiles of
+    16-64 columns, ``T * H / BN`` programs each streaming its token's K experts) and the
+    per-pair down (``"atomic"``: 64-128 columns, ``T * K * H / BN`` programs), 4 warps;
+    21 configs."""
     if tokens > DIRECT_MAX_TOKENS:
         return []
     G, D = GateUpConfig, DownConfig
     gate_ups = (G(block_n=32, block_k=128, num_stages=4), G(block_n=64, block_k=128, num_stages=4),
                 G(block_n=128, block_k=64, num_stages=4))
-    downs = (D(block_n=16, block_k=256, num_stages=4), D(block_n=32, block_k=128, num_stages=4),
-             D(block_n=32, block_k=256, num_stages=4), D(block_n=64, block_k=128, num_stages=4))
-    return [ExpertsConfig(block_m=16, gate_up=g, down=d, combine="atomic", kernel="direct")
+    per_token = (D(block_n=16, block_k=256, num_stages=4),
+                 D(block_n=32, block_k=128, num_stages=4),
+                 D(block_n=32, block_k=256, num_stages=4),
+                 D(block_n=64, block_k=128, num_stages=4))
+    per_pair = (D(block_n=64, block_k=128, num_stages=4), D(block_n=64, block_k=256, num_stages=3),
+                D(block_n=128, block_k=128, num_stages=3))
+    return [ExpertsConfig(block_m=16, gate_up=g, down=d, combine=combine, kernel="direct")
+            for combine, downs in (("reduce", per_token), ("atomic", per_pair))
             for g in gate_ups for d in downs]
 
 
