@@ -160,6 +160,24 @@ def test_align_matches_twin_on_gpu(m, k, s, bm, programs, grid_kernel):
         assert torch.equal(sa[rows].flatten().sort().values, sb[rows].flatten().sort().values)
 
 
+def _capture_and_replay(be, w13, w2, cases, x, tw, ids, tol):
+    """Capture ``be.run_experts`` on the buffers ``x, tw, ids`` (warmed up already), then
+    for each case copy its inputs in, replay into a NaN-filled output and compare with the
+    fp64 reference."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = be.run_experts(x, w13, w2, tw, ids)
+    for c in cases:
+        x.copy_(c.x)
+        tw.copy_(c.topk_weights)
+        ids.copy_(c.topk_ids)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        err = _rel_err(out, _reference(c, w13, w2))
+        assert err <= tol, (tuple(x.shape), err)
+
+
 def test_cuda_graph_capture_and_replay():
     from moerun.backends.triton import TritonExperts
     from moerun.bench.shapes import SHAPES
@@ -176,17 +194,7 @@ def test_cuda_graph_capture_and_replay():
         with torch.cuda.stream(s):
             be.run_experts(x, w13, w2, tw, ids)  # warm-up (compile) outside capture
         torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = be.run_experts(x, w13, w2, tw, ids)
-        for c in cases:
-            x.copy_(c.x)
-            tw.copy_(c.topk_weights)
-            ids.copy_(c.topk_ids)
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert _rel_err(out, _reference(c, w13, w2)) <= TOL[torch.bfloat16], T
+        _capture_and_replay(be, w13, w2, cases, x, tw, ids, TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("name", ["mixtral8x7b", "qwen3-30b-a3b", "deepseek-v3"])
@@ -215,17 +223,7 @@ def test_direct_decode_path(name, dtype, combine):
                   cases[0].topk_ids.clone())
     be.run_experts(x, w13, w2, tw, ids)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = be.run_experts(x, w13, w2, tw, ids)
-    for c in cases:
-        x.copy_(c.x)
-        tw.copy_(c.topk_weights)
-        ids.copy_(c.topk_ids)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _rel_err(out, _reference(c, w13, w2)) <= TOL[dtype], (name, dtype)
+    _capture_and_replay(be, w13, w2, cases, x, tw, ids, TOL[dtype])
 
 
 def test_capture_at_prefill_size():

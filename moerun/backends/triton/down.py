@@ -230,6 +230,14 @@ _LAUNCH_DIRECT_PAIRS = FastLauncher(_down_direct_pairs_kernel)
 
 
 # ---------------------------------------------------------------- launcher
+def _check_w2(act: torch.Tensor, w2: torch.Tensor) -> None:
+    inter = act.shape[1]
+    if w2.shape[2] != inter or w2.dtype != act.dtype or w2.stride(2) != 1 or act.stride(1) != 1:
+        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} does not match act "
+                         f"{tuple(act.shape)} {act.dtype} (expected [S, H, {inter}], "
+                         f"contiguous last dim)")
+
+
 def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: torch.Tensor,
          top_k: int, cfg: DownConfig, *, atomic_out: torch.Tensor | None = None,
          out: torch.Tensor | None = None, shared: FusedShared | None = None) -> torch.Tensor:
@@ -251,11 +259,8 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
     Returns: ``atomic_out`` or ``y [M*K, H]``. One launch; current stream; no host sync.
     """
     rows, inter = act.shape
-    s, h, i2 = w2.shape
-    if i2 != inter or w2.dtype != act.dtype or w2.stride(2) != 1 or act.stride(1) != 1:
-        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} does not match act "
-                         f"{tuple(act.shape)} {act.dtype} (expected [S, H, {inter}], "
-                         f"contiguous last dim)")
+    s, h, _ = w2.shape
+    _check_w2(act, w2)
     if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous() or \
             topk_weights.numel() != align.num_pairs:
         raise ValueError("topk_weights must be a contiguous fp32 [M, K] tensor")
@@ -317,11 +322,8 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
     current stream; no host sync; capture-safe.
     """
     pairs, inter = act.shape
-    s, h, i2 = w2.shape
-    if i2 != inter or w2.dtype != act.dtype or w2.stride(2) != 1 or act.stride(1) != 1:
-        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} does not match act "
-                         f"{tuple(act.shape)} {act.dtype} (expected [S, H, {inter}], "
-                         f"contiguous last dim)")
+    s, h, _ = w2.shape
+    _check_w2(act, w2)
     if topk_ids.dim() != 2 or topk_ids.numel() != pairs or topk_ids.dtype != torch.int32 \
             or not topk_ids.is_contiguous():
         raise ValueError(f"topk_ids must be a contiguous int32 [M, K] tensor of {pairs} pairs")
