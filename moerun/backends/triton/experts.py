@@ -62,8 +62,11 @@ from moerun.quant import QuantizedRows
 
 __all__ = ["TritonExperts", "LAUNCHES_PER_CALL"]
 
-#: Kernel launches per ``run_experts`` call (fp32 with the atomic combine: 3).
+#: Kernel launches per ``run_experts`` call (fp32 with the atomic combine: 3; a
+#: ``kernel="direct"`` config: 2).
 LAUNCHES_PER_CALL = 4
+#: Rows up to which ``moerun tune`` offers direct configs (``tune_plan.DIRECT_MAX_TOKENS``).
+DIRECT_MAX_TOKENS = 4
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INTERPRETER_DTYPES = (torch.float32, torch.float16)
@@ -333,9 +336,11 @@ class TritonExperts(Backend):
         return moe_sum(y, ids, s + n_shared)  # launch 4
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:
-        """Aligned ``act`` rows + per-pair rows (or the fp32 sum) + index buffers, plus the
-        rows gathered into aligned order for the persistent kernels' TMA loads (``a_tma``
-        configs); an upper bound over every config a T bucket may pick."""
+        """Aligned ``act`` rows + per-pair rows (or the fp32 sum; at most
+        ``DIRECT_MAX_TOKENS`` rows, where ``moerun tune`` offers the direct path, its fp32
+        per-pair partials and arrival counters) + index buffers, plus the rows gathered into
+        aligned order for the persistent kernels' TMA loads (``a_tma`` configs); an upper
+        bound over every config a T bucket may pick."""
         elt = torch.empty((), dtype=problem.dtype).element_size()
         k, h, i, s = (problem.top_k, problem.hidden_size, problem.intermediate_size,
                       problem.num_slots)
@@ -343,5 +348,7 @@ class TritonExperts(Backend):
         bm = 128  # the largest block any config uses: the bound on padded rows
         aligned = pairs + min(s, pairs) * (bm - 1)
         per_pair = max(pairs * h * elt, rows * h * 4)
+        if rows <= DIRECT_MAX_TOKENS:  # direct, per pair: fp32 partials + 16-column counters
+            per_pair = max(per_pair, pairs * h * 4 + rows * -(-h // 16) * 4)
         gathered = aligned * h * elt  # persistent a_tma: x rows copied into aligned order
         return aligned * (i * elt + 4) + per_pair + rows * h * elt + gathered
