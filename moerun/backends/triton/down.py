@@ -122,13 +122,13 @@ def _down_kernel(
 _LAUNCH = FastLauncher(_down_kernel)
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit
 def _down_direct_kernel(
     act_ptr,  # [M*K, I], weighted rows of gate_up_direct
     w2_ptr,  # [S, H, I]
     out_ptr,  # [M, H] x.dtype
     topk_ids_ptr,  # [M*K] int32
-    num_tokens, hidden, inter, num_slots,
+    hidden, inter, num_slots,
     stride_am, stride_we, stride_wn, stride_om,
     TOP_K: tl.constexpr, K_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -355,7 +355,7 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
         return out
     _LAUNCH_DIRECT(
         (cdiv(h, cfg.block_n), m),
-        act, w2, out, topk_ids, m, h, inter, s,
+        act, w2, out, topk_ids, h, inter, s,
         act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         k, max(2, next_pow2(k)), DIRECT_BLOCK_M, cfg.block_n, cfg.block_k,
         inter % cfg.block_k == 0, dot_precision(act.dtype),

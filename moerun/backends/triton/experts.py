@@ -65,8 +65,6 @@ __all__ = ["TritonExperts", "LAUNCHES_PER_CALL"]
 #: Kernel launches per ``run_experts`` call (fp32 with the atomic combine: 3; a
 #: ``kernel="direct"`` config: 2).
 LAUNCHES_PER_CALL = 4
-#: Rows up to which ``moerun tune`` offers direct configs (``tune_plan.DIRECT_MAX_TOKENS``).
-DIRECT_MAX_TOKENS = 4
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INTERPRETER_DTYPES = (torch.float32, torch.float16)
@@ -313,9 +311,11 @@ class TritonExperts(Backend):
             from moerun.backends.triton.down import down_direct
             from moerun.backends.triton.gate_up import gate_up_direct
 
+            from moerun._triton.launch import cdiv
+
             cnt = None
             if cfg.combine == "atomic":  # the per-pair down: arrival counters
-                cnt = torch.empty(m * -(-h // cfg.down.block_n), dtype=torch.int32,
+                cnt = torch.empty(m * cdiv(h, cfg.down.block_n), dtype=torch.int32,
                                   device=x.device)
             act = gate_up_direct(x, w13, ids, weights, cfg.gate_up, zero=cnt)  # launch 1
             return down_direct(act, w2, ids, cfg.down, counters=cnt)  # launch 2
@@ -341,6 +341,8 @@ class TritonExperts(Backend):
         per-pair partials and arrival counters) + index buffers, plus the rows gathered into
         aligned order for the persistent kernels' TMA loads (``a_tma`` configs); an upper
         bound over every config a T bucket may pick."""
+        from moerun.backends.triton.tune_plan import DIRECT_MAX_TOKENS
+
         elt = torch.empty((), dtype=problem.dtype).element_size()
         k, h, i, s = (problem.top_k, problem.hidden_size, problem.intermediate_size,
                       problem.num_slots)

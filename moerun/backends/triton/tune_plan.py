@@ -37,7 +37,7 @@ MAX_CONFIGS = 24
 #: Largest T whose point also times the direct (no-alignment) configs: every (token, j)
 #: pair streams its expert's weights on its own, so past a few tokens the grouped kernels'
 #: one block per hit expert reads less.
-DIRECT_MAX_TOKENS = 4  # == experts.DIRECT_MAX_TOKENS (its workspace bound)
+DIRECT_MAX_TOKENS = 4  # also the bound of TritonExperts.workspace_bytes
 #: The same bound for the fp8 kernels: the space of the 2026-12-01 fp8 sweep (at most 30
 #: candidates per point) with the paired gate/up tiles added (at most 40), plus the
 #: incumbent, so nothing of it is pruned; 4 more for the ``group_m=16`` variants.
