@@ -226,6 +226,57 @@ def test_direct_decode_path(name, dtype, combine):
     _capture_and_replay(be, w13, w2, cases, x, tw, ids, TOL[dtype])
 
 
+@pytest.mark.parametrize("name, T, kernel", [
+    ("qwen3-30b-a3b", 2, "direct"), ("qwen3-30b-a3b", 16, "grouped"),
+    ("mixtral8x7b", 300, "grouped"), ("qwen3-235b-ep8-local", 2048, "persistent")])
+def test_pdl_launches_equal_serialized_launches(monkeypatch, name, T, kernel):
+    """Programmatic dependent launch (``moerun._triton.pdl``, on for sm90+) changes when a
+    kernel's blocks start, never what it computes: the call's kernels are compiled with
+    ``launch_pdl``, and the output equals the serialized launches' bit for bit, eager and in
+    a replayed CUDA graph (new routings copied in)."""
+    from moerun._triton import launch as launch_mod
+    from moerun._triton.pdl import pdl_enabled
+    from moerun.backends.triton import TritonExperts, gate_up
+    from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
+                                                GateUpConfig, bucket_of)
+    from moerun.bench.shapes import SHAPES
+
+    assert pdl_enabled(torch.cuda.current_device()), "PDL is on for an sm90+ GPU"
+    if kernel == "direct":
+        cfg = ExpertsConfig(block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
+                            down=DownConfig(block_n=64, block_k=128), combine="atomic",
+                            kernel="direct")
+    elif kernel == "persistent":
+        cfg = ExpertsConfig(block_m=128, gate_up=GateUpConfig(block_n=128, block_k=64,
+                                                              group_m=8, num_warps=8),
+                            down=DownConfig(block_n=256, block_k=64, group_m=8, num_warps=8),
+                            combine="reduce", kernel="persistent")
+    else:
+        cfg = None  # the shipped table's entry (atomic at T=16, reduce at 300)
+    table = ConfigTable(overrides={bucket_of(T): cfg}) if cfg is not None else None
+    shape = SHAPES[name]
+    w13, w2 = _weights(name, torch.bfloat16)
+    c = _case(shape, T, seed=11, drop=0.1)
+    out_pdl = TritonExperts(table).run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
+    torch.cuda.synchronize()
+    launchers = [v for v in vars(gate_up).values() if isinstance(v, launch_mod.FastLauncher)]
+    assert any(entry[3] for f in launchers for entry in f._cache.values()), \
+        "gate/up was launched with programmatic stream serialization"
+    with monkeypatch.context() as m:
+        m.setattr(launch_mod, "pdl_enabled", lambda device: False)
+        out_ser = TritonExperts(table).run_experts(c.x, w13, w2, c.topk_weights, c.topk_ids)
+    torch.cuda.synchronize()
+    assert torch.equal(out_pdl, out_ser)
+    assert _rel_err(out_pdl, _reference(c, w13, w2)) <= TOL[torch.bfloat16]
+    cases = [_case(shape, T, seed=90 + r, drop=0.1) for r in range(2)]
+    x, tw, ids = (cases[0].x.clone(), cases[0].topk_weights.clone(),
+                  cases[0].topk_ids.clone())
+    be = TritonExperts(table)
+    be.run_experts(x, w13, w2, tw, ids)
+    torch.cuda.synchronize()
+    _capture_and_replay(be, w13, w2, cases, x, tw, ids, TOL[torch.bfloat16])
+
+
 def test_capture_at_prefill_size():
     """The whole call is capturable for every bucket's config at a prefill size too."""
     from moerun.backends.triton import TritonExperts

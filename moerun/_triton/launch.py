@@ -23,6 +23,10 @@ and whenever a Triton launch hook is installed (profilers such as proton rely on
 non-empty chain). Without hooks the launch metadata and hook arguments are ``None``, which
 also spares the C launcher a Python call per launch. Not thread-safe for the first launch of
 a key (two threads may both compile; harmless).
+
+A kernel whose last parameter is ``PDL: tl.constexpr`` is a programmatic-dependent-launch
+kernel (``moerun._triton.pdl``): the launcher appends that argument itself, from
+:func:`~moerun._triton.pdl.pdl_enabled`, and launches with ``launch_pdl`` equal to it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import threading
 from typing import Any, Callable
 
 import torch
+
+from moerun._triton.pdl import pdl_enabled
 
 __all__ = ["FastLauncher", "specialization_key", "cdiv", "next_pow2"]
 
@@ -191,12 +197,13 @@ class FastLauncher:
     Args:
         kernel: a ``triton.JITFunction`` (the ``@triton.jit`` object).
 
-    ``args`` are *all* the kernel's parameters, positionally, constexprs included. Side
+    ``args`` are *all* the kernel's parameters, positionally, constexprs included -- except
+    a trailing ``PDL`` constexpr, which the launcher supplies (module docstring). Side
     effects: one kernel launch on the current CUDA stream; no host sync; capture-safe (the
     compiled launcher is what ``kernel[grid]`` would call).
     """
 
-    __slots__ = ("_kernel", "_kinds", "_cache", "_interpret", "_runtime", "_prep")
+    __slots__ = ("_kernel", "_kinds", "_cache", "_interpret", "_runtime", "_prep", "_pdl")
 
     def __init__(self, kernel: Any) -> None:
         self._kernel = kernel
@@ -213,6 +220,9 @@ class FastLauncher:
             else:
                 kinds.append(1)
         self._kinds = tuple(kinds)
+        names = list(getattr(kernel, "arg_names", None) or ())
+        #: the kernel takes a trailing ``PDL`` constexpr (``moerun._triton.pdl``)
+        self._pdl = bool(names) and names[-1] == "PDL"
         self._prep: Callable[..., tuple] | None = None  # generated at the first launch
         from triton import knobs
 
@@ -226,17 +236,21 @@ class FastLauncher:
     def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int = 4,
                  num_stages: int | None = None) -> None:
         if self._interpret:
+            if self._pdl:
+                args = (*args, False)
             self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             if _RECORDING.stack:
                 _RECORDING.stack[-1].launch(self, grid, args, num_warps, num_stages)
             return
+        device = torch._C._cuda_getDevice()
+        if self._pdl:
+            args = (*args, pdl_enabled(device))
         if _hooks_installed(self._runtime):
             with _allocator_scope():
-                self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+                self._jit(grid, args, num_warps, num_stages)
             if _RECORDING.stack:
                 _RECORDING.stack[-1].launch(self, grid, args, num_warps, num_stages)
             return
-        device = torch._C._cuda_getDevice()
         prep = self._prep
         try:
             spec, launch_args = prep(args)  # type: ignore[misc]
@@ -251,7 +265,7 @@ class FastLauncher:
         entry = self._cache.get(key)
         if entry is None:  # first launch of this specialisation: the JIT path compiles
             with _allocator_scope():
-                compiled = self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+                compiled = self._jit(grid, args, num_warps, num_stages)
             if hasattr(compiled, "result"):  # async compilation mode returns a future
                 compiled = compiled.result()
             compiled._init_handles()
@@ -278,3 +292,12 @@ class FastLauncher:
                              compiled.packed_metadata, None, None, None, *launch_args)
         if _RECORDING.stack:
             _RECORDING.stack[-1].launch(self, grid, args, num_warps, num_stages)
+
+    def _jit(self, grid: tuple[int, ...], args: tuple[Any, ...], num_warps: int,
+             num_stages: int | None) -> Any:
+        """``kernel[grid](*args)`` through Triton's own path (compiles on a cache miss);
+        ``launch_pdl`` set from a PDL kernel's trailing argument."""
+        if self._pdl and args[-1]:
+            return self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages,
+                                      launch_pdl=True)
+        return self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)

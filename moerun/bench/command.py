@@ -129,6 +129,12 @@ def _device_text(device: torch.device) -> str:
         name = torch.cuda.get_device_name(device)
         cap = torch.cuda.get_device_capability(device)
         text = f"{name} (sm{cap[0]}{cap[1]}), torch {torch.__version__}"
+        if env.triton_version is not None:  # programmatic dependent launch, moerun._triton.pdl
+            from moerun._triton.pdl import pdl_enabled
+
+            on = pdl_enabled(device.index if device.index is not None
+                             else torch.cuda.current_device())
+            return f"{text}, triton {env.triton_version}, PDL {'on' if on else 'off'}"
     else:
         text = f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads), " \
                f"torch {torch.__version__}"

@@ -240,7 +240,6 @@ def run(args, out, err) -> int:
     from moerun.backends.reference import ReferenceExperts
     from moerun.bench.ceilings import measure_run_ceilings, parse_ceilings
     from moerun.bench.shapes import parse_shapes, parse_tokens
-    from moerun.env import get_env
 
     from moerun.bench.device import device_of
 
@@ -286,8 +285,10 @@ def run(args, out, err) -> int:
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# moerun bench --dtype fp8 --shapes {args.shapes}"
           + (f" --tokens {args.tokens}" if args.tokens else ""), file=out)
-    print(f"# {date}  {dev}  backend {backend.name}  activations {act}  "
-          f"env {get_env().torch_version}", file=out)
+    from moerun.bench.command import _device_text
+
+    print(f"# {date}  {_device_text(device)}  backend {backend.name}  activations {act}",
+          file=out)
     print(f"ceilings: {ceilings.describe()}; fp8 rate plain {rates['plain'] / 1e12:.1f} fast "
           f"{rates['fast'] / 1e12:.1f} TFLOP/s"
           + ("" if device.type == "cuda" else " (cpu: the bf16 matmul rate)"), file=out)

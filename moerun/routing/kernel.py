@@ -33,6 +33,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
+from moerun._triton.gdc import pdl_prologue
 from moerun.config import RoutingConfig, RoutingMethod
 from moerun.routing.methods import _RENORM_EPS, Routed
 
@@ -110,7 +111,9 @@ def _route_kernel(
     BLOCK_T: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
     GROUP_SCORE: tl.constexpr, NUM_GROUPS: tl.constexpr, G_P2: tl.constexpr,
     TOPK_GROUP: tl.constexpr, RENORM: tl.constexpr, EPS: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, E_P2)

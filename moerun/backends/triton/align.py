@@ -43,6 +43,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
+from moerun._triton.gdc import pdl_prologue
 
 patch_interpreter()
 
@@ -153,7 +154,9 @@ def _moe_align_single_kernel(
     # meta
     BLOCK_M: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr,
     ZERO_BLOCK: tl.constexpr, USE_HISTOGRAM: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid = tl.program_id(0)
     if pid > 0:
         _zero_fp32(zero_ptr, zero_numel, pid - 1, ZERO_BLOCK)
@@ -219,7 +222,9 @@ def _moe_align_grid_kernel(
     # meta
     BLOCK_M: tl.constexpr, S_P2: tl.constexpr, CHUNK: tl.constexpr, CSTRIDE: tl.constexpr,
     ZERO_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid = tl.program_id(0)
     if pid >= num_align:
         _zero_fp32(zero_ptr, zero_numel, pid - num_align, ZERO_BLOCK)

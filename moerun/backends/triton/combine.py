@@ -13,6 +13,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
+from moerun._triton.gdc import pdl_prologue
 
 patch_interpreter()
 
@@ -33,7 +34,9 @@ def _moe_sum_kernel(
     num_tokens, hidden, num_slots,
     stride_y, stride_o,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t_ok = offs_t < num_tokens

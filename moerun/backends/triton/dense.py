@@ -35,6 +35,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
+from moerun._triton.gdc import pdl_prologue
 from moerun.backends.triton.gate_up import dot_precision
 
 patch_interpreter()
@@ -80,7 +81,9 @@ def _dense_gate_up_kernel(
     rows, inter, hidden, stride_xm, stride_wn, stride_am,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -144,7 +147,9 @@ def _dense_down_add_kernel(
     rows, hidden, inter, stride_am, stride_wn, stride_rm, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -195,7 +200,9 @@ def _dense_down_add_kernel(
 
 
 @triton.jit(do_not_specialize=["inter"])
-def _silu_mul_kernel(h_ptr, out_ptr, inter, stride_h, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(h_ptr, out_ptr, inter, stride_h, stride_o, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):  # PDL: supplied by FastLauncher (moerun._triton.pdl)
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < inter

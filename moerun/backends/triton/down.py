@@ -36,6 +36,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
+from moerun._triton.gdc import pdl_prologue
 
 from moerun.backends.base import FusedShared
 from moerun.backends.reference import slot_w2
@@ -67,7 +68,9 @@ def _down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     ATOMIC: tl.constexpr, PRECISION: tl.constexpr, SHARED: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
@@ -133,7 +136,9 @@ def _down_direct_kernel(
     TOP_K: tl.constexpr, K_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid_n = tl.program_id(0)
     tok = tl.program_id(1).to(tl.int64)
     offs_j = tl.arange(0, K_P2)
@@ -183,7 +188,9 @@ def _down_direct_pairs_kernel(
     TOP_K: tl.constexpr, K_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid_n = tl.program_id(0)
     pair = tl.program_id(1).to(tl.int64)
     tok = pair // TOP_K

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
+from moerun._triton.gdc import pdl_prologue
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import (
     FP8_GROUP,
@@ -64,7 +65,9 @@ GROUP = FP8_GROUP
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, rows, stride_xm, stride_qm, stride_sm,
                           BLOCK_R: tl.constexpr, G: tl.constexpr, EPS: tl.constexpr,
-                          QMAX: tl.constexpr):
+                          QMAX: tl.constexpr,
+                          PDL: tl.constexpr):  # supplied by FastLauncher (moerun._triton.pdl)
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid_r = tl.program_id(0)
     grp = tl.program_id(1)
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -93,7 +96,9 @@ def _gate_up_fp8_kernel(
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
     GROUP_M: tl.constexpr, A_FP8: tl.constexpr, OUT_FP8: tl.constexpr, MID: tl.constexpr,
     EPS: tl.constexpr, QMAX: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid = tl.program_id(0)
     pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_ptr):
@@ -160,7 +165,9 @@ def _down_fp8_kernel(
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, A_FP8: tl.constexpr,
     EPS: tl.constexpr, QMAX: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m, pid_n = grouped_pid(pid, max_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)

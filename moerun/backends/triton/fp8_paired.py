@@ -19,6 +19,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher
+from moerun._triton.gdc import pdl_prologue
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import FP8_GROUP, GateUpConfig
 from moerun.backends.triton.fp8_tiles import block_rows, load_act_tile
@@ -44,7 +45,9 @@ def _gate_up_paired_kernel(
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_am,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
     GROUP_M: tl.constexpr, A_FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     # one dot over BLOCK_N interleaved weight rows: column 2j is gate row j, 2j + 1 up row j
     HALF: tl.constexpr = BLOCK_N // 2
     pid = tl.program_id(0)

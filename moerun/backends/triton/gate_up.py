@@ -34,6 +34,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
+from moerun._triton.gdc import pdl_prologue
 
 from moerun.backends.base import FusedShared
 from moerun.backends.reference import slot_w13
@@ -89,7 +90,9 @@ def _gate_up_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     SHARED: tl.constexpr, DIRECT: tl.constexpr, ZBLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     pid = tl.program_id(0)
     if ZBLOCK > 0:  # every program zeroes its share, excluded pairs' programs too
         offs_z = pid * ZBLOCK + tl.arange(0, ZBLOCK)

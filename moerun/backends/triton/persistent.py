@@ -49,6 +49,7 @@ import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
+from moerun._triton.gdc import pdl_prologue
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import DownConfig, GateUpConfig
 from moerun.backends.triton.gate_up import dot_precision, grouped_pid
@@ -108,7 +109,9 @@ def _gather_rows_kernel(
     num_pairs, hidden, max_rows,
     stride_xm, stride_sm,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     if tl.program_id(0) * BLOCK_M >= tl.load(num_post_ptr):
         return
@@ -141,7 +144,9 @@ def _gate_up_persistent_kernel(
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
     A_TMA: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     w_desc = tl.make_tensor_descriptor(w13_ptr, shape=[num_slots, 2 * inter, hidden],
                                        strides=[stride_we, stride_wn, 1],
                                        block_shape=[1, BLOCK_N, BLOCK_K])
@@ -203,7 +208,9 @@ def _down_persistent_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
+    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
     a_desc = tl.make_tensor_descriptor(act_ptr, shape=[max_rows, inter], strides=[stride_am, 1],
                                        block_shape=[BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(w2_ptr, shape=[num_slots, hidden, inter],
