@@ -152,6 +152,7 @@ _KERNEL_MODULES = ["moerun.routing.kernel", "moerun.backends.triton.align",
                    "moerun.backends.triton.gate_up", "moerun.backends.triton.down",
                    "moerun.backends.triton.combine", "moerun.backends.triton.persistent",
                    "moerun.backends.triton.fp8", "moerun.backends.triton.fp8_paired",
+                   "moerun.backends.triton.fp8_direct",
                    "moerun.backends.triton.dense"]
 
 
@@ -168,7 +169,7 @@ def _launched_kernels():
 
 def test_every_launched_kernel_is_a_pdl_kernel_that_waits_first():
     kernels = _launched_kernels()
-    assert len(kernels) >= 18  # the expert, routing, fp8 and dense kernels
+    assert len(kernels) >= 19  # the expert, routing, fp8 and dense kernels
     for _mod, kernel in kernels:
         fn = getattr(kernel, "fn", kernel)
         assert kernel.arg_names[-1] == "PDL", fn.__name__

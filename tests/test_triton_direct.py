@@ -188,8 +188,13 @@ def test_tune_plan_times_direct_configs_at_decode_points(tmp_path):
         assert by_t[t].num_configs == (sum(c.size for c in by_t[t].candidate_sets)
                                        + len(by_t[t].persistent) + 21 + 1)
     assert by_t[16].direct == ()
-    fp8 = plan_points([shape], [1], FP8, "NVIDIA_H200", tmp_path)
-    assert fp8[0].direct == ()  # the fp8 kernels have no direct form
+    fp8 = {p.tokens: p for p in plan_points([shape], [1, 16], FP8, "NVIDIA_H200", tmp_path)}
+    assert len(fp8[1].direct) == 15 and fp8[16].direct == ()  # fp8_direct.py's configs
+    assert all(c.kernel == "direct" and c.down.block_k == c.gate_up.block_k == 128
+               and 128 % c.down.block_n == 0 and 128 % c.gate_up.block_n == 0
+               for c in fp8[1].direct)
+    assert sum(c.combine == "atomic" for c in fp8[1].direct) == 6
+    assert set(fp8[1].direct) <= set(compile_configs(fp8[1]))
 
 
 if __name__ == "__main__":  # the interpreter worker

@@ -105,6 +105,13 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
         ("topk1-one-slot", 4, 1, 1, 128, 128, ExpertsConfig(
             block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
             down=DownConfig(block_n=64, block_k=128), combine="reduce")),
+        # the direct decode path (fp8_direct.py): no alignment; per-token and per-pair down
+        ("direct-per-token", 5, 3, 4, 256, 256, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
+            down=DownConfig(block_n=32, block_k=128), combine="reduce", kernel="direct")),
+        ("direct-per-pair", 4, 2, 3, 128, 384, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=128, block_k=128),
+            down=DownConfig(block_n=64, block_k=128), combine="atomic", kernel="direct")),
     ]
     for name, m, k, s, h, i, cfg in cases:
         x, w13, s13, w2, s2, weights, ids = _problem(m, k, s, h, i, seed=m * 7 + k)
@@ -167,6 +174,10 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
     from moerun.backends.triton.gate_up import gate_up
 
     paired = GateUpConfig(block_n=64, block_k=128, paired=True)
+    from moerun.backends.triton.down import down_direct
+    from moerun.backends.triton.fp8_direct import gate_up_fp8_direct
+
+    act = torch.zeros(8, 128)
     emit(kind="errors", msgs=value_errors(
         lambda: quantize_rows_fp8(torch.randn(2, 100)),
         lambda: gate_up_fp8(x, w13, s13[:, :1], al, 2, tile, torch.float32),
@@ -174,7 +185,12 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
         lambda: gate_up_fp8(x, w13, s13, al, 2, paired, torch.float32, fp8_out=True),
         lambda: gate_up_fp8(x, w13, s13, al, 2, GateUpConfig(block_n=16, block_k=128,
                                                              paired=True), torch.float32),
-        lambda: gate_up(x, torch.randn(3, 256, 128), al, 2, paired)))
+        lambda: gate_up(x, torch.randn(3, 256, 128), al, 2, paired),
+        lambda: gate_up_fp8_direct(x, w13, s13, ids, GateUpConfig(block_n=256, block_k=128),
+                                   torch.float32),
+        lambda: down_direct(act, w2, ids, DownConfig(block_n=64, block_k=128), w2_scale=s2),
+        lambda: down_direct(act, w2, ids, DownConfig(block_n=64, block_k=64), w2_scale=s2,
+                            topk_weights=weights)))
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +210,8 @@ def test_quantize_kernel_equals_torch_definition(report):
 
 def test_fp8_experts_match_reference(report):
     rows = _rows(report, "experts")
-    assert len(rows) == 36
+    assert len(rows) == 44
+    assert sum(r["name"].startswith("direct") for r in rows) == 8
     for r in rows:
         # the same math as the reference up to summation order (fp16: and the rounding of
         # the fp32 sums to fp16)
@@ -227,6 +244,9 @@ def test_fp8_kernel_errors_name_the_argument(report):
     assert msgs[3] is not None and "paired" in msgs[3] and "quantize_rows_fp8" in msgs[3]
     assert msgs[4] is not None and "block_n=16" in msgs[4]
     assert msgs[5] is not None and "paired" in msgs[5] and "fp8" in msgs[5]
+    assert msgs[6] is not None and "block_n=256" in msgs[6] and "direct" in msgs[6]
+    assert msgs[7] is not None and "topk_weights" in msgs[7]
+    assert msgs[8] is not None and "block_k=64" in msgs[8] and "block_k=128" in msgs[8]
 
 
 # ---------------------------------------------------------------- CUDA
@@ -267,6 +287,59 @@ def test_fp8_kernels_on_cuda(bm, gu_n, combine, split, paired):
         assert rel(out, ref) <= 1e-2
         assert rel(out.cpu(), unq) <= 6e-2
         assert (out[2] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("combine, gu_n, dn_n", [("reduce", 64, 32), ("atomic", 128, 64),
+                                                 ("atomic", 32, 128), ("reduce", 128, 16)])
+def test_fp8_direct_on_cuda(combine, gu_n, dn_n):
+    """The fp8 direct decode path (``fp8_direct.py``) at T = 1..4 on CUDA against DESIGN
+    11a's reference (same math: 1e-2 in bf16) and the unquantized fp32 MoE (6e-2), both
+    activation forms; then captured in a CUDA graph and replayed with new routings copied
+    into the captured buffers (the per-pair form's counters are zeroed in every replay)."""
+    from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+    from moerun.backends.triton.fp8 import quantize_rows_fp8, run_experts_fp8
+    from moerun.quant import QuantConfig, dequantize_weight_blocks, reference_fp8_moe
+
+    cfg = ExpertsConfig(block_m=16, gate_up=GateUpConfig(block_n=gu_n, block_k=128),
+                        down=DownConfig(block_n=dn_n, block_k=128), combine=combine,
+                        kernel="direct")
+    for m in (1, 3, 4):
+        x, w13, s13, w2, s2, weights, ids = _problem(m, 8, 64, 1024, 512, seed=31 + m,
+                                                     device="cuda")
+        xb = x.bfloat16()
+        ref = reference_fp8_moe(xb, w13, s13, w2, s2, weights, ids, QuantConfig(),
+                                out_dtype=torch.bfloat16)
+        unq = _fp32_moe(x.cpu(), dequantize_weight_blocks(w13, s13).cpu(),
+                        dequantize_weight_blocks(w2, s2).cpu(), weights.cpu(), ids.cpu())
+        for xin in (xb, quantize_rows_fp8(xb)):
+            out = run_experts_fp8(xin, w13, w2, s13, s2, weights, ids, cfg, torch.bfloat16)
+            assert out.dtype == torch.bfloat16 and rel(out, ref) <= 1e-2, (m, rel(out, ref))
+            assert rel(out.cpu(), unq) <= 6e-2
+            if m > 3:
+                assert (out[2] == 0).all()  # a token with no pair
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2, 1024, generator=g).cuda().bfloat16() for _ in range(3)]
+    idss = [torch.stack([torch.randperm(64, generator=g)[:8] for _ in range(2)]).int().cuda()
+            for _ in range(3)]
+    wss = [torch.rand(2, 8, generator=g).cuda() for _ in range(3)]
+    bx, bid, bw = xs[0].clone(), idss[0].clone(), wss[0].clone()
+    run_experts_fp8(bx, w13, w2, s13, s2, bw, bid, cfg, torch.bfloat16)  # compile first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run_experts_fp8(bx, w13, w2, s13, s2, bw, bid, cfg, torch.bfloat16)
+    for xr, ir, wr in zip(xs, idss, wss, strict=True):
+        bx.copy_(xr)
+        bid.copy_(ir)
+        bw.copy_(wr)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_fp8_moe(xr, w13, s13, w2, s2, wr, ir, QuantConfig(),
+                                out_dtype=torch.bfloat16)
+        assert rel(out, ref) <= 1e-2
 
 
 if __name__ == "__main__":

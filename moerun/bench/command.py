@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from moerun.bench.device import device_of
+from moerun.bench.device import device_of, device_text
 
 __all__ = ["add_arguments", "run", "main"]
 
@@ -119,26 +119,6 @@ def _command_line(args: argparse.Namespace) -> str:
     if args.no_graph:
         words.append("--no-graph")
     return shlex.join(words)
-
-
-def _device_text(device: torch.device) -> str:
-    from moerun.env import get_env
-
-    env = get_env()
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        cap = torch.cuda.get_device_capability(device)
-        text = f"{name} (sm{cap[0]}{cap[1]}), torch {torch.__version__}"
-        if env.triton_version is not None:  # programmatic dependent launch, moerun._triton.pdl
-            from moerun._triton.pdl import pdl_enabled
-
-            on = pdl_enabled(device.index if device.index is not None
-                             else torch.cuda.current_device())
-            return f"{text}, triton {env.triton_version}, PDL {'on' if on else 'off'}"
-    else:
-        text = f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads), " \
-               f"torch {torch.__version__}"
-    return f"{text}, triton {env.triton_version or 'missing'}"
 
 
 def _resolve_peers(arg: str | None, err):
@@ -290,7 +270,7 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
     info = RunInfo(command=_command_line(args),
                    date=datetime.datetime.now(datetime.timezone.utc).strftime(
                        "%Y-%m-%d %H:%M UTC"),
-                   device=_device_text(device), dtype=args.dtype,
+                   device=device_text(device), dtype=args.dtype,
                    timer="cuda events" if device.type == "cuda" else "host clock",
                    repeats=args.repeats, warmup=args.warmup,
                    graph=settings.graph and device.type == "cuda",

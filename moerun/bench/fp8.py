@@ -285,9 +285,9 @@ def run(args, out, err) -> int:
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# moerun bench --dtype fp8 --shapes {args.shapes}"
           + (f" --tokens {args.tokens}" if args.tokens else ""), file=out)
-    from moerun.bench.command import _device_text
+    from moerun.bench.device import device_text
 
-    print(f"# {date}  {_device_text(device)}  backend {backend.name}  activations {act}",
+    print(f"# {date}  {device_text(device)}  backend {backend.name}  activations {act}",
           file=out)
     print(f"ceilings: {ceilings.describe()}; fp8 rate plain {rates['plain'] / 1e12:.1f} fast "
           f"{rates['fast'] / 1e12:.1f} TFLOP/s"

@@ -63,7 +63,7 @@ def run_layer_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     2 on a usage error. Host syncs: many (outside timed regions)."""
     from moerun.bench import host_core
     from moerun.bench.ceilings import measure_ceilings, parse_ceilings
-    from moerun.bench.command import _device_text
+    from moerun.bench.device import device_text
     from moerun.bench.layer import LayerSettings, run_layer_cell
     from moerun.testing import TOL
 
@@ -96,7 +96,7 @@ def run_layer_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
             ("--repeats", args.repeats), ("--calls-per-graph", args.calls_per_graph))]
         + ([f"--host-core {core}"] if core != "none" else []))
     print(f"# {command}", file=out)
-    print(f"# {date}  {_device_text(device)}  timer "
+    print(f"# {date}  {device_text(device)}  timer "
           f"{'cuda events' if cuda else 'host clock'}", file=out)
     print(f"ceilings: {ceilings.describe()}", file=out)
     if core != "none":
@@ -118,7 +118,7 @@ def run_layer_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"command": command, "date": date, "device": _device_text(device),
+            json.dump({"command": command, "date": date, "device": device_text(device),
                        "ceilings": ceilings.describe(),
                        "host_core": str(core),
                        "cells": [c.to_json() for c in cells]},

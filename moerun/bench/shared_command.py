@@ -74,7 +74,7 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run ``moerun bench --shared``. Returns 0, 1 if a variant failed its correctness
     bound, 2 on a usage error. Writes the table with ``--write-table``."""
     from moerun.bench.ceilings import measure_ceilings, parse_ceilings
-    from moerun.bench.command import _device_text
+    from moerun.bench.device import device_text
     from moerun.bench.layer import LayerSettings, build_layer, make_weights, measure_layer
     from moerun.env import get_env
     from moerun.shared_table import SHARED_TABLE_PATH, row_key
@@ -111,8 +111,8 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = (f"moerun bench --shared --tokens {','.join(map(str, tokens))} --dtype "
                f"{args.dtype} --repeats {args.repeats} --calls-per-graph {args.calls_per_graph}")
-    device_text = _device_text(device)
-    print(f"# {command}\n# {date}  {device_text}", file=out)
+    dev_text = device_text(device)
+    print(f"# {command}\n# {date}  {dev_text}", file=out)
     print(f"ceilings: {ceilings.describe()}", file=out)
     rows: dict[str, dict] = {}
     failed: list[str] = []
@@ -193,7 +193,7 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     if args.write_table:
         path = Path(SHARED_TABLE_PATH if args.write_table == "default" else args.write_table)
         table = json.loads(path.read_text()) if path.exists() else {"rows": {}}
-        table["meta"] = {"command": command, "date": date, "device": device_text,
+        table["meta"] = {"command": command, "date": date, "device": dev_text,
                          "ceilings": ceilings.describe(), "min_gain": args.min_gain}
         table.setdefault("rows", {}).update(rows)
         os.makedirs(path.parent, exist_ok=True)

@@ -25,7 +25,10 @@ is already in ``act``, applied by ``gate_up_direct``), two forms, no sum launch 
   result does not depend on the arrival order) and writes ``out[t, n*BN:...]``. ``K`` times
   the programs of the per-token form, for decode shapes whose ``H / BN`` alone is too few.
 
-Excluded pairs load no weights and add nothing.
+Excluded pairs load no weights and add nothing. With ``FP8`` (an e4m3 ``w2`` and its block
+scales: the fp8 direct path of ``fp8_direct.py``) both forms quantize each row per
+128-column group in registers and fold the routing weight into each K step's scale (``act``
+is unweighted there).
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 from moerun._triton.gdc import pdl_prologue
+from moerun.backends.triton.fp8_tiles import quantize_tile
 
 from moerun.backends.base import FusedShared
 from moerun.backends.reference import slot_w2
 from moerun.backends.triton.align import Alignment
-from moerun.backends.triton.configs import DownConfig
+from moerun.backends.triton.configs import FP8_GROUP, DownConfig
 from moerun.backends.triton.gate_up import DIRECT_BLOCK_M, dot_precision, grouped_pid
+from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX
 
 patch_interpreter()
 
@@ -131,11 +136,14 @@ def _down_direct_kernel(
     w2_ptr,  # [S, H, I]
     out_ptr,  # [M, H] x.dtype
     topk_ids_ptr,  # [M*K] int32
+    ws_ptr,  # [S, H/BK, I/BK] fp32 block scales (read iff FP8)
+    tw_ptr,  # [M*K] fp32 routing weights (read iff FP8: act is unweighted there)
     hidden, inter, num_slots,
-    stride_am, stride_we, stride_wn, stride_om,
+    stride_am, stride_we, stride_wn, stride_om, stride_wse, stride_wsn,
     TOP_K: tl.constexpr, K_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -159,14 +167,23 @@ def _down_direct_kernel(
         a_ptrs = act_ptr + pair * stride_am + k0 + offs_k[None, :] + rows[:, None] * 0
         b_ptrs = w2_ptr + e.to(tl.int64) * stride_we + offs_nw[None, :] * stride_wn \
             + k0 + offs_k[:, None]
-        if EVEN_K:
+        if FP8:  # BLOCK_K = G, BLOCK_N <= G: one weight scale per step; row 0 quantized
+            af = tl.load(a_ptrs, mask=row0[:, None] & ok, other=0.0).to(tl.float32)
+            aq, a_s = quantize_tile(af, EPS, QMAX)
+            b = tl.load(b_ptrs, mask=ok, other=0.0)
+            w_s = tl.load(ws_ptr + e.to(tl.int64) * stride_wse
+                          + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn + k0 // BLOCK_K,
+                          mask=ok, other=0.0) * tl.load(tw_ptr + pair, mask=ok, other=0.0)
+            acc += tl.dot(aq, b) * (a_s * w_s)[:, None]
+        elif EVEN_K:
             a = tl.load(a_ptrs, mask=row0[:, None] & ok, other=0.0)
             b = tl.load(b_ptrs, mask=ok, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         else:
             k_ok = offs_k < inter - k0
             a = tl.load(a_ptrs, mask=row0[:, None] & k_ok[None, :] & ok, other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None] & ok, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
     dst = out_ptr + tok * stride_om + offs_n[None, :] + rows[:, None] * 0
     tl.store(dst, acc.to(out_ptr.dtype.element_ty),
              mask=row0[:, None] & (offs_n < hidden)[None, :])
@@ -183,11 +200,14 @@ def _down_direct_pairs_kernel(
     part_ptr,  # [M*K, H] fp32 scratch: each pair's partial
     cnt_ptr,  # [M, ceil(H/BN)] int32 arrival counters, zero on entry
     topk_ids_ptr,  # [M*K] int32
+    ws_ptr,  # [S, H/BK, I/BK] fp32 block scales (read iff FP8)
+    tw_ptr,  # [M*K] fp32 routing weights (read iff FP8: act is unweighted there)
     hidden, inter, num_slots,
-    stride_am, stride_we, stride_wn, stride_om, stride_pm,
+    stride_am, stride_we, stride_wn, stride_om, stride_pm, stride_wse, stride_wsn,
     TOP_K: tl.constexpr, K_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -207,15 +227,24 @@ def _down_direct_pairs_kernel(
         + offs_nw[None, :] * stride_wn + offs_k[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     steps = tl.where(ok, tl.cdiv(inter, BLOCK_K), 0)  # excluded pairs load nothing
+    ws0 = ws_ptr + tl.where(ok, e, 0).to(tl.int64) * stride_wse \
+        + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn
+    wp = tl.load(tw_ptr + pair, mask=ok & FP8, other=0.0)  # the pair's weight (FP8 only)
     for k in range(0, steps):
-        if EVEN_K:
+        if FP8:  # BLOCK_K = G, BLOCK_N <= G: one weight scale per step; row 0 quantized
+            af = tl.load(a_ptrs, mask=row0[:, None], other=0.0).to(tl.float32)
+            aq, a_s = quantize_tile(af, EPS, QMAX)
+            b = tl.load(b_ptrs)
+            acc += tl.dot(aq, b) * (a_s * (tl.load(ws0 + k) * wp))[:, None]
+        elif EVEN_K:
             a = tl.load(a_ptrs, mask=row0[:, None], other=0.0)
             b = tl.load(b_ptrs)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         else:
             k_ok = offs_k < inter - k * BLOCK_K
             a = tl.load(a_ptrs, mask=row0[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     tl.store(part_ptr + pair * stride_pm + offs_n, tl.sum(acc, axis=0), mask=n_ok)
@@ -311,12 +340,15 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
 
 def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg: DownConfig,
                 out: torch.Tensor | None = None, *,
-                counters: torch.Tensor | None = None) -> torch.Tensor:
+                counters: torch.Tensor | None = None,
+                w2_scale: torch.Tensor | None = None,
+                topk_weights: torch.Tensor | None = None) -> torch.Tensor:
     """``out[t] = sum_j act[t*K + j] @ w2[topk_ids[t, j]]^T`` over token ``t``'s local pairs
     (the ``kernel="direct"`` decode path; ``act`` from ``gate_up_direct``, weights applied).
 
     Args:
-        act: ``[M*K, I]``, last dim contiguous. w2: ``[S, H, I]`` act.dtype.
+        act: ``[M*K, I]``, last dim contiguous. w2: ``[S, H, I]`` act.dtype, or e4m3 with
+            ``w2_scale``.
         topk_ids: ``[M, K]`` int32 contiguous (``-1`` / ``>= S``: excluded, its row unread).
         cfg: the tile (``split_k`` must be 1; ``group_m`` unused).
         out: optional ``[M, H]`` act.dtype buffer.
@@ -324,13 +356,27 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
             ``[M * ceil(H / BN)]`` buffer of zeros (zeroed by ``gate_up_direct(zero=)``) --
             the per-pair form (``M * K * ceil(H / BN)`` programs, an fp32 ``[M*K, H]``
             scratch, the K-th arrival of each (token, N tile) sums in pair order).
+        w2_scale: ``[S, H/128, I/128]`` fp32 block scales of an e4m3 ``w2`` (the fp8 path,
+            ``fp8_direct.py``): each row of ``act`` is quantized per 128-column group in
+            registers (``moerun.quant``'s numbers) and the dots are scaled; needs
+            ``cfg.block_k == 128`` and ``cfg.block_n`` dividing 128. ``act`` is then the
+            *unweighted* intermediate (as in the grouped fp8 path) and ``topk_weights``
+            (``[M, K]`` fp32 contiguous) enter each step's scale.
 
     Returns: ``out [M, H]`` act.dtype (zeros for a token with no local pair). One launch;
     current stream; no host sync; capture-safe.
     """
     pairs, inter = act.shape
     s, h, _ = w2.shape
-    _check_w2(act, w2)
+    fp8 = w2_scale is not None
+    if fp8:
+        _check_w2_fp8(act, w2, w2_scale, cfg)
+        if topk_weights is None or topk_weights.dtype != torch.float32 or \
+                topk_weights.numel() != pairs or not topk_weights.is_contiguous():
+            raise ValueError("the fp8 direct down needs topk_weights, a contiguous fp32 "
+                             f"[M, K] tensor of {pairs} pairs")
+    else:
+        _check_w2(act, w2)
     if topk_ids.dim() != 2 or topk_ids.numel() != pairs or topk_ids.dtype != torch.int32 \
             or not topk_ids.is_contiguous():
         raise ValueError(f"topk_ids must be a contiguous int32 [M, K] tensor of {pairs} pairs")
@@ -349,26 +395,51 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
                          f"= {m * n_tiles} zeros")
     if m == 0:
         return out
+    ws = w2_scale if fp8 else w2  # unread without FP8
+    tw = topk_weights if fp8 else topk_ids
+    ws_strides = (ws.stride(0), ws.stride(1))
+    # the fp8 dot's precision argument is unused; PRECISION only names the float dots'
+    prec = "ieee" if fp8 else dot_precision(act.dtype)
+    meta = (k, max(2, next_pow2(k)), DIRECT_BLOCK_M, cfg.block_n, cfg.block_k,
+            inter % cfg.block_k == 0, prec, fp8, AMAX_EPS, FP8_MAX)
     if counters is not None:
         part = torch.empty(pairs, h, dtype=torch.float32, device=act.device)
         _LAUNCH_DIRECT_PAIRS(
             (n_tiles, pairs),
-            act, w2, out, part, counters, topk_ids, h, inter, s,
+            act, w2, out, part, counters, topk_ids, ws, tw, h, inter, s,
             act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), part.stride(0),
-            k, max(2, next_pow2(k)), DIRECT_BLOCK_M, cfg.block_n, cfg.block_k,
-            inter % cfg.block_k == 0, dot_precision(act.dtype),
+            *ws_strides, *meta,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
     _LAUNCH_DIRECT(
-        (cdiv(h, cfg.block_n), m),
-        act, w2, out, topk_ids, h, inter, s,
-        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        k, max(2, next_pow2(k)), DIRECT_BLOCK_M, cfg.block_n, cfg.block_k,
-        inter % cfg.block_k == 0, dot_precision(act.dtype),
+        (n_tiles, m),
+        act, w2, out, topk_ids, ws, tw, h, inter, s,
+        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), *ws_strides, *meta,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+def _check_w2_fp8(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                  cfg: DownConfig) -> None:
+    s, h, inter = w2.shape
+    if act.shape[1] != inter or w2.dtype != FP8_DTYPE or w2.stride(2) != 1 or \
+            act.stride(1) != 1 or act.dtype not in (torch.float32, torch.float16,
+                                                    torch.bfloat16):
+        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} does not match act "
+                         f"{tuple(act.shape)} {act.dtype} (expected e4m3 [S, H, "
+                         f"{act.shape[1]}], contiguous last dim, float act)")
+    g = FP8_GROUP
+    if h % g or inter % g:
+        raise ValueError(f"H={h} and I={inter} must be multiples of {g} for the fp8 kernels")
+    if tuple(w2_scale.shape) != (s, h // g, inter // g) or w2_scale.dtype != torch.float32 \
+            or w2_scale.stride(2) != 1:
+        raise ValueError(f"w2_scale {list(w2_scale.shape)} {w2_scale.dtype} must be "
+                         f"[{s}, {h // g}, {inter // g}] float32, contiguous last dim")
+    if cfg.block_k != g or g % cfg.block_n:
+        raise ValueError(f"DownConfig block_k={cfg.block_k}, block_n={cfg.block_n}: the fp8 "
+                         f"direct down needs block_k={g} and a block_n dividing {g}")
 
 
 # ---------------------------------------------------------------- torch twin

@@ -40,7 +40,8 @@ and no alignment: ``gate_up.gate_up_direct`` (one tile per (token, j) pair, its 
 token's K pairs summed in one loop, ``combine="reduce"``; or one program per pair whose K-th
 arrival per (token, N tile) sums the partials, ``combine="atomic"``), written in x.dtype.
 The fused shared expert takes the grouped kernels with the same tiles. The heuristic never
-picks it.
+picks it. An fp8 file's direct entry runs the same two-launch form with block-scaled dots
+(``fp8_direct.py``; the routing weight then enters the down kernel's step scales).
 
 Capture-safe: buffers are sized by static bounds, no device->host sync anywhere in
 ``run_experts``; it runs on the current stream. Triton is imported lazily (first call), so
@@ -238,7 +239,8 @@ class TritonExperts(Backend):
         config; module docstring); no host sync.
 
         With ``quant`` (``x`` a :class:`~moerun.quant.QuantizedRows`, or activation-dtype rows:
-        ``fuses_activation_quant``): the fp8 block-scaled kernels of ``fp8.py`` (4 launches;
+        ``fuses_activation_quant``): the fp8 block-scaled kernels of ``fp8.py`` (4 launches, 2
+        with a direct entry;
         float rows are quantized in the gate/up kernel at decode sizes and by one more launch
         at prefill sizes; the intermediate travels in fp8 at prefill sizes).
 

@@ -404,7 +404,8 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
 
     ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights [M, K]`` fp32
     contiguous, ``cfg`` an fp8 config (``configs.fp8_default_config`` or a tuned fp8 file).
-    Returns ``[M, H]`` in ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum),
+    Returns ``[M, H]`` in ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum;
+    a ``kernel="direct"`` config: 2, ``fp8_direct.py``),
     plus the activation quantization for an unquantized ``x`` when ``cfg.block_m >=
     PREQUANT_BLOCK_M`` and the intermediate's quantization after a ``paired`` gate/up tile
     there; no host sync.
@@ -412,6 +413,11 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
 
+    if cfg.kernel == "direct":  # decode: 2 launches, no alignment (fp8_direct.py)
+        from moerun.backends.triton.fp8_direct import run_experts_fp8_direct
+
+        return run_experts_fp8_direct(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,
+                                      cfg, out_dtype)
     xd = x.data if isinstance(x, QuantizedRows) else x
     m, h = xd.shape
     s = w13.shape[0]

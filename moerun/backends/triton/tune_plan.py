@@ -27,7 +27,7 @@ from moerun.bench.shapes import BenchShape
 
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
            "TunePoint", "TunedEntry", "candidates", "persistent_candidates", "direct_candidates",
-           "fp8_candidates", "DIRECT_MAX_TOKENS",
+           "fp8_candidates", "fp8_direct_candidates", "DIRECT_MAX_TOKENS",
            "check_fp8_shape",
            "plan_points", "point_mode", "read_config_data", "merge_entries", "compile_configs"]
 
@@ -257,6 +257,27 @@ def direct_candidates(tokens: int) -> list[ExpertsConfig]:
             for g in gate_ups for d in downs]
 
 
+def fp8_direct_candidates(tokens: int) -> list[ExpertsConfig]:
+    """The fp8 direct decode configs (``fp8_direct.py``) a point of at most
+    :data:`DIRECT_MAX_TOKENS` rows times as whole calls: gate/up tiles of 32-128 columns by
+    the per-token down (``"reduce"``: 16-64 columns) and the per-pair down (``"atomic"``:
+    64-128 columns); ``block_k`` is the 128-column group; 4 warps; 15 configs."""
+    if tokens > DIRECT_MAX_TOKENS:
+        return []
+    G, D = GateUpConfig, DownConfig
+    gate_ups = (G(block_n=32, block_k=FP8_GROUP, num_stages=4),
+                G(block_n=64, block_k=FP8_GROUP, num_stages=4),
+                G(block_n=128, block_k=FP8_GROUP, num_stages=3))
+    per_token = (D(block_n=16, block_k=FP8_GROUP, num_stages=4),
+                 D(block_n=32, block_k=FP8_GROUP, num_stages=4),
+                 D(block_n=64, block_k=FP8_GROUP, num_stages=4))
+    per_pair = (D(block_n=64, block_k=FP8_GROUP, num_stages=4),
+                D(block_n=128, block_k=FP8_GROUP, num_stages=3))
+    return [ExpertsConfig(block_m=16, gate_up=g, down=d, combine=combine, kernel="direct")
+            for combine, downs in (("reduce", per_token), ("atomic", per_pair))
+            for g in gate_ups for d in downs]
+
+
 def _within(out: list[tuple], cap: int) -> list[CandidateSet]:
     """``[(block_m, gate_ups, [(down, combine)], *fp8_intermediate)]`` as candidate sets,
     the longest list trimmed from its end until the total fits ``cap - 1`` (one slot is the
@@ -398,7 +419,7 @@ def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch
                 sets = candidates(shape.num_experts, shape.top_k, shape.hidden,
                                   shape.intermediate, t, elt,
                                   cap=MAX_CONFIGS - len(persistent))
-            direct = () if fp8 else tuple(direct_candidates(t))
+            direct = tuple(fp8_direct_candidates(t) if fp8 else direct_candidates(t))
             points.append(TunePoint(shape=shape, tokens=t, bucket=b,
                                     mode=point_mode(shape, t, graph_max_tokens), incumbent=inc,
                                     incumbent_source=source, candidate_sets=tuple(sets),
