@@ -46,8 +46,9 @@ from moerun.backends.base import FusedShared
 from moerun.backends.reference import slot_w2
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import FP8_GROUP, DownConfig
+from moerun.backends.triton.fp8_checks import check_w2_fp8
 from moerun.backends.triton.gate_up import DIRECT_BLOCK_M, dot_precision, grouped_pid
-from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX
+from moerun.quant import AMAX_EPS, FP8_MAX
 
 patch_interpreter()
 
@@ -423,23 +424,13 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
 
 def _check_w2_fp8(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                   cfg: DownConfig) -> None:
-    s, h, inter = w2.shape
-    if act.shape[1] != inter or w2.dtype != FP8_DTYPE or w2.stride(2) != 1 or \
-            act.stride(1) != 1 or act.dtype not in (torch.float32, torch.float16,
-                                                    torch.bfloat16):
-        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} does not match act "
-                         f"{tuple(act.shape)} {act.dtype} (expected e4m3 [S, H, "
-                         f"{act.shape[1]}], contiguous last dim, float act)")
-    g = FP8_GROUP
-    if h % g or inter % g:
-        raise ValueError(f"H={h} and I={inter} must be multiples of {g} for the fp8 kernels")
-    if tuple(w2_scale.shape) != (s, h // g, inter // g) or w2_scale.dtype != torch.float32 \
-            or w2_scale.stride(2) != 1:
-        raise ValueError(f"w2_scale {list(w2_scale.shape)} {w2_scale.dtype} must be "
-                         f"[{s}, {h // g}, {inter // g}] float32, contiguous last dim")
-    if cfg.block_k != g or g % cfg.block_n:
+    check_w2_fp8(act, w2, w2_scale)
+    if act.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"act {act.dtype}: the fp8 direct down quantizes fp32/fp16/bf16 rows")
+    if cfg.block_k != FP8_GROUP or FP8_GROUP % cfg.block_n:
         raise ValueError(f"DownConfig block_k={cfg.block_k}, block_n={cfg.block_n}: the fp8 "
-                         f"direct down needs block_k={g} and a block_n dividing {g}")
+                         f"direct down needs block_k={FP8_GROUP} and a block_n dividing "
+                         f"{FP8_GROUP}")
 
 
 # ---------------------------------------------------------------- torch twin

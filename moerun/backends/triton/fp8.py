@@ -48,6 +48,7 @@ from moerun.backends.triton.configs import (
     GateUpConfig,
     fp8_intermediate,
 )
+from moerun.backends.triton.fp8_checks import check_groups_fp8, check_w2_fp8, check_w13_fp8
 from moerun.backends.triton.fp8_paired import gate_up_paired
 from moerun.backends.triton.fp8_tiles import block_rows, load_act_tile, quantize_tile, round_to
 from moerun.backends.triton.gate_up import grouped_pid
@@ -223,18 +224,13 @@ _DOWN = FastLauncher(_down_fp8_kernel)
 
 
 # ---------------------------------------------------------------- configs
-def _check_groups(name: str, size: int) -> None:
-    if size % GROUP:
-        raise ValueError(f"{name}={size} must be a multiple of {GROUP} for the fp8 kernels")
-
-
 # ---------------------------------------------------------------- launchers
 def quantize_rows_fp8(x: torch.Tensor) -> QuantizedRows:
     """``x [M, H]`` (fp32/fp16/bf16, last dim contiguous, ``H % 128 == 0``) -> e4m3 rows and
     fp32 ``[M, H/128]`` scales, as :func:`moerun.quant.quantize_rows`. One launch; current
     stream; no host sync."""
     m, h = x.shape
-    _check_groups("x.shape[1]", h)
+    check_groups_fp8("x.shape[1]", h)
     if x.stride(1) != 1:
         raise ValueError("x needs a contiguous last dimension")
     q = torch.empty(m, h, dtype=FP8_DTYPE, device=x.device)
@@ -274,19 +270,8 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
     xd = x.data if a_fp8 else x
     xs = x.scale if a_fp8 else xd  # unread when not a_fp8
     m, h = xd.shape
-    s, two_i, h2 = w13.shape
-    inter = two_i // 2
-    if h2 != h or w13.dtype != FP8_DTYPE or w13.stride(2) != 1:
-        raise ValueError(f"w13 {tuple(w13.shape)} {w13.dtype} must be [S, 2I, {h}] "
-                         f"{FP8_DTYPE} with a contiguous last dimension")
-    _check_groups("H", h)
-    _check_groups("I", inter)
-    if tuple(w13_scale.shape) != (s, two_i // GROUP, h // GROUP) or \
-            w13_scale.dtype != torch.float32:
-        raise ValueError(f"w13_scale {list(w13_scale.shape)} {w13_scale.dtype} must be "
-                         f"[{s}, {two_i // GROUP}, {h // GROUP}] float32")
-    if xd.stride(1) != 1 or w13_scale.stride(2) != 1:
-        raise ValueError("x and w13_scale need a contiguous last dimension")
+    inter = w13.shape[1] // 2
+    check_w13_fp8(xd, w13, w13_scale)
     if align.num_pairs != m * top_k:
         raise ValueError(f"alignment covers {align.num_pairs} pairs, expected {m}*{top_k}")
     if out_dtype not in _MID:
@@ -343,16 +328,8 @@ def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torc
     ad = act.data if a_fp8 else act
     asc = act.scale if a_fp8 else ad  # unread when not a_fp8
     rows, inter = ad.shape
-    s, h, i2 = w2.shape
-    if i2 != inter or w2.dtype != FP8_DTYPE or w2.stride(2) != 1 or ad.stride(1) != 1:
-        raise ValueError(f"w2 {tuple(w2.shape)} {w2.dtype} must be [S, H, {inter}] "
-                         f"{FP8_DTYPE}; act and w2 need a contiguous last dimension")
-    _check_groups("H", h)
-    _check_groups("I", inter)
-    if tuple(w2_scale.shape) != (s, h // GROUP, inter // GROUP) or \
-            w2_scale.dtype != torch.float32 or w2_scale.stride(2) != 1:
-        raise ValueError(f"w2_scale {list(w2_scale.shape)} {w2_scale.dtype} must be "
-                         f"[{s}, {h // GROUP}, {inter // GROUP}] float32, contiguous last dim")
+    h = w2.shape[1]
+    check_w2_fp8(ad, w2, w2_scale)
     if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous() or \
             topk_weights.numel() != align.num_pairs:
         raise ValueError("topk_weights must be a contiguous fp32 [M, K] tensor")

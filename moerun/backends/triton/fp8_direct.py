@@ -30,9 +30,10 @@ from moerun._triton.compat import patch_interpreter
 from moerun._triton.gdc import pdl_prologue
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 from moerun.backends.triton.configs import FP8_GROUP, ExpertsConfig, GateUpConfig
+from moerun.backends.triton.fp8_checks import check_w13_fp8
 from moerun.backends.triton.fp8_tiles import load_act_tile
 from moerun.backends.triton.gate_up import DIRECT_BLOCK_M
-from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
+from moerun.quant import AMAX_EPS, FP8_MAX, QuantizedRows
 
 patch_interpreter()
 
@@ -122,18 +123,10 @@ def gate_up_fp8_direct(x: torch.Tensor | QuantizedRows, w13: torch.Tensor,
     xd = x.data if a_fp8 else x
     xs = x.scale if a_fp8 else xd  # unread when not a_fp8
     m, h = xd.shape
-    s, two_i, h2 = w13.shape
-    inter = two_i // 2
+    s = w13.shape[0]
+    inter = w13.shape[1] // 2
     g = FP8_GROUP
-    if h2 != h or w13.dtype != FP8_DTYPE or w13.stride(2) != 1 or xd.stride(1) != 1:
-        raise ValueError(f"w13 {tuple(w13.shape)} {w13.dtype} must be [S, 2I, {h}] "
-                         f"{FP8_DTYPE}; x and w13 need a contiguous last dimension")
-    if h % g or inter % g:
-        raise ValueError(f"H={h} and I={inter} must be multiples of {g} for the fp8 kernels")
-    if tuple(w13_scale.shape) != (s, two_i // g, h // g) or \
-            w13_scale.dtype != torch.float32 or w13_scale.stride(2) != 1:
-        raise ValueError(f"w13_scale {list(w13_scale.shape)} {w13_scale.dtype} must be "
-                         f"[{s}, {two_i // g}, {h // g}] float32, contiguous last dim")
+    check_w13_fp8(xd, w13, w13_scale)
     if g % cfg.block_n or cfg.paired:
         raise ValueError(f"GateUpConfig block_n={cfg.block_n}, paired={cfg.paired}: the fp8 "
                          f"direct gate/up needs an unpaired tile of a block_n dividing {g}")
