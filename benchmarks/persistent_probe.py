@@ -57,12 +57,38 @@ DTYPE = torch.bfloat16  # fp16 in the CPU smoke run (bf16 is wrong under the int
 CHECK_TOL = 2e-2  # candidate vs current kernels (bf16 outputs, two summation orders)
 
 
-def candidates(shape, t, tuned):
+def tile_candidates():
+    """``--set tiles``: the shipped 8-warp persistent config's neighbours -- 128-deep K steps
+    (half the K iterations of a short-K tile: qwen3-30b's down has 12 at ``BK=64``), a
+    wider ``group_m`` (more blocks sharing a weight tile in L2) and 4 stages."""
+    from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+
+    def cfg(gu, dn):
+        return ExpertsConfig(block_m=128, gate_up=gu, down=dn, combine="reduce",
+                             kernel="persistent")
+
+    def gu(k=64, s=3, g=8):
+        return GateUpConfig(block_n=128, block_k=k, group_m=g, num_warps=8, num_stages=s)
+
+    def dn(k=64, s=3, g=8):
+        return DownConfig(block_n=256, block_k=k, group_m=g, num_warps=8, num_stages=s)
+
+    return [cfg(gu(), dn(k=128, s=2)), cfg(gu(k=128, s=2), dn()),
+            cfg(gu(k=128, s=2), dn(k=128, s=2)), cfg(gu(g=16), dn(g=16)),
+            cfg(gu(s=4), dn()), cfg(gu(g=4), dn(g=4))]
+
+
+def candidates(shape, t, tuned, which="base"):
     """Persistent configs for one cell, most promising first (a small set: one probe run).
 
     ``tuned`` is the cell's current config: its block_m is kept as one option (the padding
-    it was tuned for), 128-row wgmma tiles are the other."""
+    it was tuned for), 128-row wgmma tiles are the other. ``which="tiles"``:
+    :func:`tile_candidates` instead. (The warp-specialized set of 2026-12-02 is in
+    ``benchmarks/experiments/ws-2026-12-02/``: ``ExpertsConfig`` now refuses it.)"""
     from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+
+    if which == "tiles":
+        return tile_candidates()
 
     def cfg(bm, gu, dn, programs=0):
         return ExpertsConfig(block_m=bm, gate_up=gu, down=dn, combine="reduce",
@@ -160,6 +186,9 @@ def main() -> int:
     ap.add_argument("--cells", default="", help="comma list of shape:T (default: all)")
     ap.add_argument("--no-jit", action="store_true",
                     help="skip candidates the parallel compile did not finish")
+    ap.add_argument("--set", default="base", choices=("base", "tiles"),
+                    help="candidate family: base (the 2026-12-01 space) or tiles (K-step, "
+                    "group and stage neighbours of the shipped config)")
     ap.add_argument("--device", default="cuda",
                     help="cpu: a smoke run on the tiny shape (needs TRITON_INTERPRET=1)")
     args = ap.parse_args()
@@ -191,7 +220,7 @@ def main() -> int:
         shape = SHAPES[name]
         choice = table.lookup(shape.num_experts, shape.intermediate, shape.hidden, t,
                               shape.top_k, DTYPE)
-        plan.append((shape, t, graph, choice, candidates(shape, t, choice.config)))
+        plan.append((shape, t, graph, choice, candidates(shape, t, choice.config, args.set)))
 
     # 1. compile everything in parallel (candidates in plan order: most promising first)
     tasks = []

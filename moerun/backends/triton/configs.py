@@ -79,8 +79,9 @@ class GateUpConfig:
     #: tiles fit the registers (:func:`fp8_tile_fits` with one accumulator).
     paired: bool = False
     #: persistent kernel only (``ExpertsConfig.kernel == "persistent"``): ``tl.range`` knobs
-    #: of the tile loop, and ``a_tma`` -- gather ``x`` into aligned order first so the A
-    #: operand goes through TMA too (else A rows are gathered by pointer)
+    #: of the tile loop (``warp_specialize=True`` is refused, see ``ExpertsConfig``), and
+    #: ``a_tma`` -- gather ``x`` into aligned order first so the A operand goes through TMA
+    #: too (else A rows are gathered by pointer)
     flatten: bool = False
     warp_specialize: bool = False
     a_tma: bool = False
@@ -100,7 +101,8 @@ class DownConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-    #: persistent kernel only: ``tl.range`` knobs of the tile loop
+    #: persistent kernel only: ``tl.range`` knobs of the tile loop (``warp_specialize=True``
+    #: is refused, see ``ExpertsConfig``)
     flatten: bool = False
     warp_specialize: bool = False
 
@@ -163,6 +165,10 @@ class ExpertsConfig:
         if self.kernel == "persistent" and self.gate_up.paired:
             raise ValueError("ExpertsConfig: gate_up.paired is a tile of the grouped fp8 "
                              "kernels; kernel='persistent' has no paired form")
+        if self.gate_up.warp_specialize or self.down.warp_specialize:
+            raise ValueError("ExpertsConfig: warp_specialize=True is refused: Triton 3.6 on "
+                             "sm90 gives wrong results for it (docs/DECISIONS.md, 'No warp "
+                             "specialization'); leave it False")
         if self.programs < 0 or (self.programs and self.kernel != "persistent"):
             raise ValueError(f"ExpertsConfig.programs={self.programs!r}: >= 0, and only with "
                              "kernel='persistent'")

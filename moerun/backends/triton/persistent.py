@@ -25,9 +25,11 @@ twins of these kernels too), different schedule:
 * down's A operand (the aligned intermediate ``act [R, I]``) through TMA; the routing weight
   in the epilogue; per-pair rows ``y [P, H]`` written for ``combine.moe_sum`` (a scattered
   store: rows ``pair(r)``);
-* pipelining knobs from the config: ``num_stages`` on the K loop, ``flatten`` /
-  ``warp_specialize`` on the tile loop (``tl.range``; Triton 3.6 decides per target whether
-  it can honour them -- a config that does not compile is the sweep's to discard).
+* pipelining knobs from the config: ``num_stages`` on the K loop, ``flatten`` on the tile
+  loop (``tl.range``). The kernels also pass ``warp_specialize`` to the tile loop, but
+  :class:`~moerun.backends.triton.configs.ExpertsConfig` refuses ``True``: Triton 3.6 on
+  sm90 specializes the loop at ``num_warps=4`` and the results came out wrong on the H200
+  (NaN or wrong rows, depending on the tile; docs/DECISIONS.md, "No warp specialization").
 
 NOTE: device-side descriptors need Triton's per-launch global scratch (128 B per descriptor
 per program); :class:`~moerun._triton.launch.FastLauncher` allocates it from torch's caching
