@@ -1,4 +1,5 @@
-"""Kernel configurations for :class:`TritonExperts`: the data, the T buckets, the lookup.
+"""Kernel configurations for :class:`TritonExperts`: the T buckets, the heuristic, the lookup.
+The dataclasses themselves live in ``config_types.py`` and are re-exported here.
 
 A configuration is chosen by the shape the kernels **run** -- ``S`` the local slot count
 (``w13.shape[0]``: all experts on one rank, ``S / ep_size`` under expert parallelism), ``N``
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from moerun.backends.triton.config_types import DownConfig, ExpertsConfig, GateUpConfig
 
 __all__ = [
     "GateUpConfig",
@@ -60,161 +63,6 @@ T_BUCKETS = tuple(1 << i for i in range(0, 15))  # 1 .. 16384
 NUM_SMS_DEFAULT = 132
 #: Shared memory one program may use (bytes), with headroom under Hopper's 227 KiB.
 SMEM_LIMIT = 200 * 1024
-
-
-@dataclass(frozen=True, kw_only=True)
-class GateUpConfig:
-    """Tile of the gate/up grouped GEMM: ``BLOCK_N`` output columns of gate *and* of up
-    (with ``paired``: ``BLOCK_N`` columns of gate and up together)."""
-
-    block_n: int
-    block_k: int
-    group_m: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-    #: fp8 kernels only (``fp8.py``): gate and up rows interleaved in ONE dot of ``block_n``
-    #: weight rows (``block_n / 2`` gate columns and the matching up columns), so a tile
-    #: writes ``block_n / 2`` intermediate columns, in the activation dtype, and one launch
-    #: quantizes them before the down GEMM. One accumulator instead of two: the 128-row
-    #: tiles fit the registers (:func:`fp8_tile_fits` with one accumulator).
-    paired: bool = False
-    #: persistent kernel only (``ExpertsConfig.kernel == "persistent"``): ``tl.range`` knobs
-    #: of the tile loop (``warp_specialize=True`` is refused, see ``ExpertsConfig``), and
-    #: ``a_tma`` -- gather ``x`` into aligned order first so the A operand goes through TMA
-    #: too (else A rows are gathered by pointer)
-    flatten: bool = False
-    warp_specialize: bool = False
-    a_tma: bool = False
-
-    def smem_bytes(self, block_m: int, elt: int) -> int:
-        b_rows = self.block_n if self.paired else 2 * self.block_n
-        return self.num_stages * (block_m * self.block_k + b_rows * self.block_k) * elt
-
-
-@dataclass(frozen=True, kw_only=True)
-class DownConfig:
-    """Tile of the down grouped GEMM; ``split_k > 1`` splits the ``I`` reduction (atomic)."""
-
-    block_n: int
-    block_k: int
-    group_m: int = 1
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-    #: persistent kernel only: ``tl.range`` knobs of the tile loop (``warp_specialize=True``
-    #: is refused, see ``ExpertsConfig``)
-    flatten: bool = False
-    warp_specialize: bool = False
-
-    def smem_bytes(self, block_m: int, elt: int) -> int:
-        return self.num_stages * (block_m * self.block_k + self.block_n * self.block_k) * elt
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExpertsConfig:
-    """One bucket's choice.
-
-    Fields:
-        block_m: rows per expert block; the alignment pads each expert to a multiple of it.
-        gate_up / down: the two GEMM tiles.
-        combine: ``"atomic"`` -- the down kernel adds ``w * y`` into a zeroed fp32 ``[M, H]``
-            (zeroed inside the alignment launch), then one cast; or ``"reduce"`` -- the down
-            kernel writes ``w * y`` as ``[M*K, H]`` rows and a sum kernel adds the K rows.
-            ``down.split_k > 1`` forces ``"atomic"``.
-        kernel: ``"grouped"`` -- one program per (block, N tile), ``gate_up.py`` / ``down.py``
-            (every bucket before issue 11, and the default); ``"persistent"`` -- the
-            persistent TMA kernels of ``persistent.py`` for compute-bound buckets (needs
-            ``combine="reduce"``, ``split_k == 1``; falls back to ``"grouped"`` for calls TMA
-            cannot take, e.g. unaligned strides or the fused shared expert, logged once).
-            ``"direct"`` -- the decode path for a few tokens: no alignment, two launches
-            (``gate_up.gate_up_direct``: one 16-row tile per (token, j) pair, the routing
-            weight in its epilogue; ``down.down_direct``, written in x.dtype: with
-            ``combine="reduce"`` one program per (N tile, token) sums the token's K pairs
-            in one loop, with ``"atomic"`` one program per (N tile, pair) and the K-th
-            arrival sums the partials). Needs ``block_m=16`` and ``down.split_k == 1``;
-            the grouped fallback (the fused shared expert) uses the same tiles and
-            ``combine``.
-        programs: persistent programs per launch (0: the device's SM count); only with
-            ``kernel="persistent"``.
-    """
-
-    block_m: int
-    gate_up: GateUpConfig
-    down: DownConfig
-    combine: str = "reduce"
-    kernel: str = "grouped"
-    programs: int = 0
-
-    def __post_init__(self):
-        if self.block_m not in (16, 32, 64, 128, 256):
-            raise ValueError(f"ExpertsConfig.block_m={self.block_m!r}: use 16, 32, 64, 128 or 256")
-        if self.combine not in ("atomic", "reduce"):
-            raise ValueError(f"ExpertsConfig.combine={self.combine!r}: use 'atomic' or 'reduce'")
-        if self.down.split_k > 1 and self.combine != "atomic":
-            raise ValueError("ExpertsConfig: down.split_k > 1 needs combine='atomic'")
-        if self.kernel not in ("grouped", "persistent", "direct"):
-            raise ValueError(f"ExpertsConfig.kernel={self.kernel!r}: use 'grouped', "
-                             "'persistent' or 'direct'")
-        if self.kernel == "direct" and (self.block_m != 16 or self.down.split_k != 1
-                                        or self.gate_up.paired):
-            raise ValueError("ExpertsConfig: kernel='direct' needs block_m=16, "
-                             "down.split_k=1 and an unpaired gate/up tile")
-        if self.kernel == "persistent" and self.combine != "reduce":
-            raise ValueError("ExpertsConfig: kernel='persistent' needs combine='reduce' (its "
-                             "down kernel writes per-pair rows)")
-        if self.kernel == "persistent" and self.gate_up.paired:
-            raise ValueError("ExpertsConfig: gate_up.paired is a tile of the grouped fp8 "
-                             "kernels; kernel='persistent' has no paired form")
-        if self.gate_up.warp_specialize or self.down.warp_specialize:
-            raise ValueError("ExpertsConfig: warp_specialize=True is refused: Triton 3.6 on "
-                             "sm90 gives wrong results for it (docs/DECISIONS.md, 'No warp "
-                             "specialization'); leave it False")
-        if self.programs < 0 or (self.programs and self.kernel != "persistent"):
-            raise ValueError(f"ExpertsConfig.programs={self.programs!r}: >= 0, and only with "
-                             "kernel='persistent'")
-
-    def to_json(self) -> dict:
-        """A JSON-able dict; the persistent-only and fp8-only fields appear only when not at
-        their defaults, so a grouped config writes exactly what files before them held."""
-        d = dataclasses.asdict(self)
-        for part, cls in (("gate_up", GateUpConfig), ("down", DownConfig)):
-            for f in _OPTIONAL_FIELDS:
-                if f in d[part] and d[part][f] == _field_default(cls, f):
-                    del d[part][f]
-        for f in ("kernel", "programs"):
-            if d[f] == _field_default(ExpertsConfig, f):
-                del d[f]
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict) -> "ExpertsConfig":
-        """Inverse of :meth:`to_json`; files without ``kernel`` / ``programs`` (every file
-        before issue 11 item 1) load as the grouped kernels."""
-        return cls(block_m=int(d["block_m"]), gate_up=GateUpConfig(**d["gate_up"]),
-                   down=DownConfig(**d["down"]), combine=d.get("combine", "reduce"),
-                   kernel=d.get("kernel", "grouped"), programs=int(d.get("programs", 0)))
-
-    def key(self) -> str:
-        """A short stable name (for tables and logs)."""
-        g, d = self.gate_up, self.down
-        key = (f"m{self.block_m}|gu n{g.block_n}k{g.block_k}g{g.group_m}w{g.num_warps}s{g.num_stages}"
-               f"{'P' if g.paired else ''}|dn n{d.block_n}k{d.block_k}g{d.group_m}x{d.split_k}w{d.num_warps}s{d.num_stages}"
-               f"|{self.combine}")
-        if self.kernel == "persistent":
-            def flags(c):
-                return "".join(ch for ch, on in (("F", c.flatten), ("W", c.warp_specialize),
-                                                 ("A", getattr(c, "a_tma", False))) if on)
-            key += f"|persistent p{self.programs} gu{flags(g) or '-'} dn{flags(d) or '-'}"
-        elif self.kernel == "direct":
-            key += "|direct"
-        return key
-
-
-_OPTIONAL_FIELDS = ("flatten", "warp_specialize", "a_tma", "paired")
-
-
-def _field_default(cls, name: str):
-    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def bucket_of(num_tokens: int) -> int:
