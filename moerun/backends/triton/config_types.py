@@ -153,7 +153,7 @@ class ExpertsConfig:
                f"g{d.group_m}x{d.split_k}w{d.num_warps}s{d.num_stages}|{self.combine}")
         if self.kernel == "persistent":
             def flags(c):
-                return "".join(ch for ch, on in (("F", c.flatten), ("W", c.warp_specialize),
+                return "".join(ch for ch, on in (("F", c.flatten),
                                                  ("A", getattr(c, "a_tma", False))) if on)
             key += f"|persistent p{self.programs} gu{flags(g) or '-'} dn{flags(d) or '-'}"
         elif self.kernel == "direct":

@@ -26,10 +26,11 @@ twins of these kernels too), different schedule:
   in the epilogue; per-pair rows ``y [P, H]`` written for ``combine.moe_sum`` (a scattered
   store: rows ``pair(r)``);
 * pipelining knobs from the config: ``num_stages`` on the K loop, ``flatten`` on the tile
-  loop (``tl.range``). The kernels also pass ``warp_specialize`` to the tile loop, but
-  :class:`~moerun.backends.triton.configs.ExpertsConfig` refuses ``True``: Triton 3.6 on
-  sm90 specializes the loop at ``num_warps=4`` and the results came out wrong on the H200
-  (NaN or wrong rows, depending on the tile; docs/DECISIONS.md, "No warp specialization").
+  loop (``tl.range``). No warp specialization: the config field exists only so that
+  :class:`~moerun.backends.triton.configs.ExpertsConfig` can refuse ``True`` by name --
+  Triton 3.6 on sm90 specializes the loop at ``num_warps=4`` and the results came out wrong
+  on the H200 (NaN or wrong rows, depending on the tile; docs/DECISIONS.md, "No warp
+  specialization").
 
 NOTE: device-side descriptors need Triton's per-launch global scratch (128 B per descriptor
 per program); :class:`~moerun._triton.launch.FastLauncher` allocates it from torch's caching
@@ -144,8 +145,7 @@ def _gate_up_persistent_kernel(
     TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-    NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    A_TMA: tl.constexpr,
+    NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr, A_TMA: tl.constexpr,
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -161,8 +161,7 @@ def _gate_up_persistent_kernel(
     num_tiles = used_blocks * num_n
     k_tiles = tl.cdiv(hidden, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
         pid_m, pid_n = grouped_pid(tile, used_blocks, num_n, GROUP_M)
         expert = tl.load(expert_ids_ptr + pid_m)
         row0 = pid_m * BLOCK_M
@@ -209,7 +208,7 @@ def _down_persistent_kernel(
     # meta
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
-    NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr,
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -222,8 +221,7 @@ def _down_persistent_kernel(
     used_blocks = tl.load(num_post_ptr) // BLOCK_M
     num_tiles = used_blocks * num_n
     k_tiles = tl.cdiv(inter, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
         pid_m, pid_n = grouped_pid(tile, used_blocks, num_n, GROUP_M)
         expert = tl.load(expert_ids_ptr + pid_m)
         row0 = pid_m * BLOCK_M
@@ -321,9 +319,9 @@ def gate_up_persistent(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top
         align.num_pairs, inter, h, rows, s, g,
         a.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
         # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, NUM_STAGES, FLATTEN,
-        # WARP_SPECIALIZE, A_TMA
+        # A_TMA
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, h % cfg.block_k == 0,
-        dot_precision(x.dtype), cfg.num_stages, cfg.flatten, cfg.warp_specialize, cfg.a_tma,
+        dot_precision(x.dtype), cfg.num_stages, cfg.flatten, cfg.a_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -369,9 +367,9 @@ def down_persistent(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
         act, w2, out, topk_weights, align.sorted_ids, align.expert_ids, align.num_post,
         align.num_pairs, h, inter, rows, s, g,
         act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, NUM_STAGES, FLATTEN, WARP_SPECIALIZE
+        # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, NUM_STAGES, FLATTEN
         align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, dot_precision(act.dtype),
-        cfg.num_stages, cfg.flatten, cfg.warp_specialize,
+        cfg.num_stages, cfg.flatten,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
