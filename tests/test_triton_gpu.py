@@ -10,6 +10,8 @@ EP-local shapes included.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -251,9 +253,16 @@ def test_pdl_launches_equal_serialized_launches(monkeypatch, name, T, kernel):
                                                               group_m=8, num_warps=8),
                             down=DownConfig(block_n=256, block_k=64, group_m=8, num_warps=8),
                             combine="reduce", kernel="persistent")
-    else:
-        cfg = None  # the shipped table's entry (atomic at T=16, reduce at 300)
-    table = ConfigTable(overrides={bucket_of(T): cfg}) if cfg is not None else None
+    else:  # the shipped table's entry, with the sum made order-independent: the grouped
+        # "atomic" combine adds fp32 rows in arrival order, so two runs of it may differ in
+        # the last bit whatever PDL does (this test failed so once, 2026-12-02 06:12 UTC)
+        shipped = TritonExperts().config_for(SHAPES[name].num_experts,
+                                             SHAPES[name].intermediate, SHAPES[name].hidden,
+                                             T, SHAPES[name].top_k, torch.bfloat16)
+        cfg = shipped if shipped.combine == "reduce" or shipped.down.split_k > 1 else \
+            dataclasses.replace(shipped, combine="reduce")
+        assert cfg.combine == "reduce", cfg
+    table = ConfigTable(overrides={bucket_of(T): cfg})
     shape = SHAPES[name]
     w13, w2 = _weights(name, torch.bfloat16)
     c = _case(shape, T, seed=11, drop=0.1)

@@ -40,6 +40,7 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 from moerun._triton.gdc import pdl_prologue
+from moerun.backends.triton.down_tiles import store_down_rows
 from moerun.backends.triton.fp8_tiles import quantize_tile
 
 from moerun.backends.base import FusedShared
@@ -114,18 +115,8 @@ def _down_kernel(
         a_ptrs += BLOCK_K * SPLIT_K
         b_ptrs += BLOCK_K * SPLIT_K
 
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    w = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-    acc = acc * w[:, None]
-    mask = row_ok[:, None] & (offs_n < hidden)[None, :]
-    if ATOMIC:
-        tok = (pair // TOP_K).to(tl.int64)
-        tl.atomic_add(out_ptr + tok[:, None] * stride_om + offs_n[None, :], acc, mask=mask,
-                      sem="relaxed")
-    else:
-        dst = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    store_down_rows(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, offs_m, offs_n, num_pairs,
+                    hidden, stride_om, TOP_K, ATOMIC)
 
 
 _LAUNCH = FastLauncher(_down_kernel)

@@ -49,6 +49,7 @@ from moerun.backends.triton.configs import (
     fp8_intermediate,
 )
 from moerun.backends.triton.fp8_checks import check_groups_fp8, check_w2_fp8, check_w13_fp8
+from moerun.backends.triton.down_tiles import store_down_rows
 from moerun.backends.triton.fp8_paired import gate_up_paired
 from moerun.backends.triton.fp8_tiles import block_rows, load_act_tile, quantize_tile, round_to
 from moerun.backends.triton.gate_up import grouped_pid
@@ -204,18 +205,8 @@ def _down_fp8_kernel(
         a_ptrs += G * SPLIT_K
         b_ptrs += G * SPLIT_K
 
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    w = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-    acc = acc * w[:, None]
-    mask = row_ok[:, None] & (offs_n < hidden)[None, :]
-    if ATOMIC:
-        tok = (pair // TOP_K).to(tl.int64)
-        tl.atomic_add(out_ptr + tok[:, None] * stride_om + offs_n[None, :], acc, mask=mask,
-                      sem="relaxed")
-    else:
-        dst = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    store_down_rows(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, offs_m, offs_n, num_pairs,
+                    hidden, stride_om, TOP_K, ATOMIC)
 
 
 _QUANT = FastLauncher(_quantize_rows_kernel)
