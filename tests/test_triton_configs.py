@@ -261,6 +261,25 @@ def test_every_shipped_persistent_entry_is_in_the_tuners_space():
     assert seen >= 8
 
 
+def test_tune_finalists_are_the_close_ones_fastest_first():
+    """Step 4 of ``moerun tune``: the whole calls within 4 % of the fastest (each config once,
+    at its best timing; failed timings out), at most 4, fastest first."""
+    from moerun.backends.triton.tune import FINAL_MAX, FINAL_WITHIN, finalists
+
+    cfgs = [ExpertsConfig(block_m=16, gate_up=GateUpConfig(block_n=n, block_k=128),
+                          down=DownConfig(block_n=64, block_k=128)) for n in (16, 32, 64, 128,
+                                                                               256)]
+    a, b, c, d, e = cfgs
+    timed = [(100.0, a), (103.9, b), (104.1, c), (float("nan"), d), (101.0, e), (99.5, b)]
+    assert (FINAL_WITHIN, FINAL_MAX) == (0.04, 4)
+    # b's best timing is 99.5 (the fastest): the bar is 99.5 * 1.04 = 103.48
+    assert finalists(timed) == [b, a, e]
+    assert finalists(timed, within=0.05) == [b, a, e, c]  # c at 104.1 <= 104.475 now
+    assert finalists(timed, within=0.05, most=2) == [b, a]
+    assert finalists([(float("nan"), a)]) == [] and finalists([]) == []
+    assert finalists([(50.0, a)]) == [a]  # one finalist: nothing to re-time
+
+
 def test_tune_needs_a_gpu_or_plan(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

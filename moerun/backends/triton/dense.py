@@ -36,7 +36,7 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
 from moerun._triton.gdc import pdl_prologue
-from moerun.backends.triton.gate_up import dot_precision
+from moerun.backends.triton.gate_up import dot_precision, gate_up_acc
 
 patch_interpreter()
 
@@ -118,23 +118,8 @@ def _dense_gate_up_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < rows
         a_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k in range(0, tl.cdiv(hidden, BLOCK_K)):
-            if EVEN_K:
-                a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-                g = tl.load(g_ptrs)
-                u = tl.load(u_ptrs)
-            else:
-                k_ok = offs_k < hidden - k * BLOCK_K
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
-                u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
-            a_ptrs += BLOCK_K
-            g_ptrs += BLOCK_K
-            u_ptrs += BLOCK_K
+        acc_g, acc_u = gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M, BLOCK_N,
+                                   BLOCK_K, EVEN_K, PRECISION)
         act = acc_g * tl.sigmoid(acc_g) * acc_u
         out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty),

@@ -44,7 +44,7 @@ from moerun.backends.triton.configs import GateUpConfig
 patch_interpreter()
 
 __all__ = ["gate_up", "gate_up_torch", "gate_up_direct", "gate_up_direct_torch",
-           "dot_precision", "grouped_pid"]
+           "dot_precision", "grouped_pid", "gate_up_acc"]
 
 
 # ---------------------------------------------------------------- constants / config
@@ -68,6 +68,35 @@ def grouped_pid(pid, num_m, num_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % in_group) % size_m
     pid_n = (pid % in_group) // size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """The gate/up K loop of a row tile: ``(acc_g, acc_u)``, fp32 ``[BM, BN]``, the rows at
+    ``a_ptrs`` (``[BM, BK]`` pointers; rows not ``row_ok`` read as zeros) times the gate and
+    up weight tiles at ``g_ptrs`` / ``u_ptrs`` (``[BK, BN]``), over ``hidden`` in ``BK``
+    steps (``EVEN_K``: ``hidden % BK == 0``, no K mask)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(hidden, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            g = tl.load(g_ptrs)
+            u = tl.load(u_ptrs)
+        else:
+            k_ok = offs_k < hidden - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+            u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    return acc_g, acc_u
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
@@ -132,24 +161,8 @@ def _gate_up_kernel(
     g_ptrs = w_base + offs_nw[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
     u_ptrs = g_ptrs + up_rows * stride_wn
 
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, tl.cdiv(hidden, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            g = tl.load(g_ptrs)
-            u = tl.load(u_ptrs)
-        else:
-            k_ok = offs_k < hidden - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
-            u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-        acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
-        a_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
-
+    acc_g, acc_u = gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M, BLOCK_N,
+                               BLOCK_K, EVEN_K, PRECISION)
     act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up, fp32
     out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
     if DIRECT:

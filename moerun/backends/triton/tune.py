@@ -29,9 +29,16 @@ Per point (shape, T) at most :data:`~moerun.backends.triton.tune_plan.MAX_CONFIG
    ``block_m`` has one set per intermediate form): the gate/up tiles alone, on that
    ``block_m``'s alignments;
 2. with the best gate/up tile: whole calls for each down tile x combine candidate;
-3. the file's current entry for the point (the incumbent), timed the same way.
+3. the file's current entry for the point (the incumbent), timed the same way;
+4. on CUDA, the finalists -- the whole calls within :data:`FINAL_WITHIN` of the fastest, at
+   most :data:`FINAL_MAX`, the incumbent among them when it is that close -- timed again
+   :data:`FINAL_ROUNDS` times, interleaved (A B C A B C ...), each finalist's time the median
+   of its rounds. One config timed twice in one run read 1.4-3.3 % apart at eager
+   prefill points (H200, 2026-12-02), as far apart as most configs there, so a single
+   timing picks a winner partly by noise.
 
-The fastest whole call wins and replaces the entry; other entries in the file are kept, so
+The fastest whole call (the fastest finalist where there are two or more) wins and replaces
+the entry; other entries in the file are kept, so
 tuning accumulates across sessions. All candidates are compiled up front in parallel worker
 processes (Triton's disk cache), since compiling dominates otherwise. The run stops starting
 new points once ``--budget-s`` is spent and writes what it has. ``--plan`` prints the points,
@@ -49,9 +56,34 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main", "build_parser", "run_points", "write_winners"]
+__all__ = ["main", "build_parser", "run_points", "write_winners", "finalists",
+           "FINAL_WITHIN", "FINAL_MAX", "FINAL_ROUNDS"]
 
 _SAMPLES = {"graph": 10, "eager": 6}
+
+
+#: Whole calls within this fraction of a point's fastest are finalists (step 4).
+FINAL_WITHIN = 0.04
+#: Finalists per point at most (the fastest first).
+FINAL_MAX = 4
+#: Interleaved re-timings of each finalist (each one a normal timing: ``_SAMPLES``).
+FINAL_ROUNDS = 3
+
+
+def finalists(timed: list[tuple[float, object]], *, within: float = FINAL_WITHIN,
+              most: int = FINAL_MAX) -> list:
+    """The configs of ``timed`` (``(µs, config)`` whole-call timings; NaN for a failed one)
+    within ``within`` of the fastest, fastest first, each config once (its best timing),
+    at most ``most``. Empty when nothing was timed. Pure host code."""
+    best: dict = {}
+    for us, cfg in timed:
+        if us == us and (cfg not in best or us < best[cfg]):  # us == us: not NaN
+            best[cfg] = us
+    if not best:
+        return []
+    ranked = sorted(best.items(), key=lambda kv: kv[1])
+    bar = ranked[0][1] * (1.0 + within)
+    return [cfg for cfg, us in ranked if us <= bar][:most]
 
 
 def _routings_for(tokens: int) -> int:
@@ -278,8 +310,10 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
 
         rows = []
         best: list = [float("inf"), None]  # µs, config
+        wholes: list = []  # (µs, config) of every whole call timed
 
-        def time_whole(cfg, note: str, fail: str = "", calls=calls, pt=pt) -> None:
+        def time_whole(cfg, note: str, fail: str = "", calls=calls, pt=pt,
+                       wholes=wholes) -> None:
             """Time ``cfg`` as whole calls: a row either way, and the fastest kept."""
             try:
                 us = per_call_us(calls.whole_fns(pt.bucket, cfg))
@@ -287,6 +321,7 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
                 rows.append((cfg.key(), float("nan"), fail + repr(e)[:80]))
                 return
             rows.append((cfg.key(), us, note))
+            wholes.append((us, cfg))
             if us < best[0]:
                 best[:] = [us, cfg]
 
@@ -312,10 +347,23 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
         for cfg in pt.direct:  # whole calls: no alignment, their own two kernels
             time_whole(cfg, "full, direct")
         time_whole(pt.incumbent, f"incumbent, {pt.incumbent_source}", "incumbent ")
+        finals = finalists(wholes) if cuda else []
+        if len(finals) > 1:  # step 4: the close ones again, interleaved
+            again: dict = {cfg: [] for cfg in finals}
+            for _ in range(FINAL_ROUNDS):
+                for cfg in finals:
+                    again[cfg].append(per_call_us(calls.whole_fns(pt.bucket, cfg)))
+            final_us = {cfg: statistics.median(v) for cfg, v in again.items()}
+            for cfg in finals:
+                rows.append((cfg.key(), final_us[cfg], "final: median of "
+                             + " / ".join(f"{u:.1f}" for u in again[cfg])))
+            win = min(finals, key=final_us.__getitem__)
+            best[:] = [final_us[win], win]
         best_us, best_cfg = best
         eff = floor.us / best_us if best_cfg is not None else float("nan")
         print(f"== {shape.name} T={tokens} ({mode}{', fp8' if fp8 else ''}): {len(rows)} "
               f"timed in {time.time() - t0:.1f}s; floor {floor.us:.1f} us ({floor.bound}); "
+              f"{len(finals) if len(finals) > 1 else 'no'} finalists; "
               f"best {best_us:.1f} us, floor/time {eff:.3f}, "
               f"{best_cfg.key() if best_cfg else None}", file=out, flush=True)
         for name, us, note in rows:
