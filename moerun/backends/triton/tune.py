@@ -38,11 +38,11 @@ Per point (shape, T) at most :data:`~moerun.backends.triton.tune_plan.MAX_CONFIG
    timing picks a winner partly by noise.
 
 The fastest whole call (the fastest finalist where there are two or more) wins and replaces
-the entry; other entries in the file are kept, so
-tuning accumulates across sessions. All candidates are compiled up front in parallel worker
-processes (Triton's disk cache), since compiling dominates otherwise. The run stops starting
-new points once ``--budget-s`` is spent and writes what it has. ``--plan`` prints the points,
-candidate counts and target files without a GPU.
+the entry; other entries in the file are kept, so tuning accumulates across sessions. All
+candidates are compiled up front in parallel worker processes (Triton's disk cache), since
+compiling dominates otherwise. The run stops starting new points once ``--budget-s`` is
+spent and writes what it has. ``--plan`` prints the points, candidate counts and target
+files without a GPU.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -77,7 +78,7 @@ def finalists(timed: list[tuple[float, object]], *, within: float = FINAL_WITHIN
     at most ``most``. Empty when nothing was timed. Pure host code."""
     best: dict = {}
     for us, cfg in timed:
-        if us == us and (cfg not in best or us < best[cfg]):  # us == us: not NaN
+        if not math.isnan(us) and (cfg not in best or us < best[cfg]):
             best[cfg] = us
     if not best:
         return []
