@@ -352,14 +352,19 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
         if len(finals) > 1:  # step 4: the close ones again, interleaved
             again: dict = {cfg: [] for cfg in finals}
             for _ in range(FINAL_ROUNDS):
-                for cfg in finals:
-                    again[cfg].append(per_call_us(calls.whole_fns(pt.bucket, cfg)))
+                for cfg in list(again):
+                    try:
+                        again[cfg].append(per_call_us(calls.whole_fns(pt.bucket, cfg)))
+                    except Exception as e:  # noqa: BLE001 -- dropped, as in time_whole
+                        rows.append((cfg.key(), float("nan"), "final: " + repr(e)[:80]))
+                        del again[cfg]
             final_us = {cfg: statistics.median(v) for cfg, v in again.items()}
-            for cfg in finals:
-                rows.append((cfg.key(), final_us[cfg], "final: median of "
+            for cfg, us in final_us.items():
+                rows.append((cfg.key(), us, "final: median of "
                              + " / ".join(f"{u:.1f}" for u in again[cfg])))
-            win = min(finals, key=final_us.__getitem__)
-            best[:] = [final_us[win], win]
+            if final_us:  # else every re-timing failed: steps 1-3's fastest stands
+                win = min(final_us, key=final_us.__getitem__)
+                best[:] = [final_us[win], win]
         best_us, best_cfg = best
         eff = floor.us / best_us if best_cfg is not None else float("nan")
         print(f"== {shape.name} T={tokens} ({mode}{', fp8' if fp8 else ''}): {len(rows)} "
