@@ -85,6 +85,12 @@ class ExpertsConfig:
             arrival sums the partials). Needs ``block_m=16`` and ``down.split_k == 1``;
             the grouped fallback (the fused shared expert) uses the same tiles and
             ``combine``.
+            ``"ws"`` -- fp8 files only: the warp-specialized Gluon kernels of ``fp8_ws.py``
+            for compute-bound buckets on sm90 (needs ``block_m=128``, ``combine="reduce"``,
+            ``gate_up.block_n=64``, ``down.block_n=128``, ``block_k=128``, ``split_k=1``,
+            unpaired; the tiles' ``num_stages`` and ``gate_up.group_m`` are the kernels'
+            knobs). Elsewhere (not sm90, fp32 out) the grouped fp8 kernels run the same
+            tiles.
         programs: persistent programs per launch (0: the device's SM count); only with
             ``kernel="persistent"``.
     """
@@ -103,9 +109,16 @@ class ExpertsConfig:
             raise ValueError(f"ExpertsConfig.combine={self.combine!r}: use 'atomic' or 'reduce'")
         if self.down.split_k > 1 and self.combine != "atomic":
             raise ValueError("ExpertsConfig: down.split_k > 1 needs combine='atomic'")
-        if self.kernel not in ("grouped", "persistent", "direct"):
+        if self.kernel not in ("grouped", "persistent", "direct", "ws"):
             raise ValueError(f"ExpertsConfig.kernel={self.kernel!r}: use 'grouped', "
-                             "'persistent' or 'direct'")
+                             "'persistent', 'direct' or 'ws' (fp8 only)")
+        if self.kernel == "ws" and (
+                self.block_m != 128 or self.combine != "reduce" or self.gate_up.paired
+                or (self.gate_up.block_n, self.gate_up.block_k) != (64, 128)
+                or (self.down.block_n, self.down.block_k, self.down.split_k) != (128, 128, 1)):
+            raise ValueError("ExpertsConfig: kernel='ws' needs block_m=128, combine='reduce', "
+                             "an unpaired gate/up tile of block_n=64, block_k=128 and a down "
+                             "tile of block_n=128, block_k=128, split_k=1")
         if self.kernel == "direct" and (self.block_m != 16 or self.down.split_k != 1
                                         or self.gate_up.paired):
             raise ValueError("ExpertsConfig: kernel='direct' needs block_m=16, "
@@ -156,8 +169,8 @@ class ExpertsConfig:
                 return "".join(ch for ch, on in (("F", c.flatten),
                                                  ("A", getattr(c, "a_tma", False))) if on)
             key += f"|persistent p{self.programs} gu{flags(g) or '-'} dn{flags(d) or '-'}"
-        elif self.kernel == "direct":
-            key += "|direct"
+        elif self.kernel in ("direct", "ws"):
+            key += f"|{self.kernel}"
         return key
 
 

@@ -364,6 +364,16 @@ def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torc
 PREQUANT_BLOCK_M = FP8_PREQUANT_BLOCK_M
 
 
+def _ws_supported(device: torch.device) -> bool:
+    """``kernel="ws"`` runs the Gluon kernels here (CUDA sm90), else the grouped ones with the
+    same tiles."""
+    if device.type != "cuda":
+        return False
+    from moerun.backends.triton.fp8_ws import ws_supported
+
+    return ws_supported(device)
+
+
 def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
                     w13_scale: torch.Tensor, w2_scale: torch.Tensor,
                     topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -373,7 +383,8 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights [M, K]`` fp32
     contiguous, ``cfg`` an fp8 config (``configs.fp8_default_config`` or a tuned fp8 file).
     Returns ``[M, H]`` in ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum;
-    a ``kernel="direct"`` config: 2, ``fp8_direct.py``),
+    a ``kernel="direct"`` config: 2, ``fp8_direct.py``; ``kernel="ws"`` on sm90: the Gluon
+    kernels of ``fp8_ws.py``, 7),
     plus the activation quantization for an unquantized ``x`` when ``cfg.block_m >=
     PREQUANT_BLOCK_M`` and the intermediate's quantization after a ``paired`` gate/up tile
     there; no host sync.
@@ -381,6 +392,13 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
 
+    if cfg.kernel == "ws" and out_dtype != torch.float32 and _ws_supported(w13.device):
+        from moerun.backends.triton.fp8_ws import run_experts_fp8_ws
+
+        return run_experts_fp8_ws(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,
+                                  gate_up_stages=cfg.gate_up.num_stages,
+                                  down_stages=cfg.down.num_stages,
+                                  group_m=cfg.gate_up.group_m, out_dtype=out_dtype)
     if cfg.kernel == "direct":  # decode: 2 launches, no alignment (fp8_direct.py)
         from moerun.backends.triton.fp8_direct import run_experts_fp8_direct
 
