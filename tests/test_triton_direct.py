@@ -168,7 +168,7 @@ def test_direct_config_validation_and_round_trip():
         kw = dict(block_m=16, gate_up=gu, down=dn, combine="atomic", kernel="direct") | bad
         with pytest.raises(ValueError, match="kernel='direct' needs block_m=16"):
             ExpertsConfig(**kw)
-    with pytest.raises(ValueError, match="'grouped', 'persistent' or 'direct'"):
+    with pytest.raises(ValueError, match="'grouped', 'persistent', 'direct' or 'ws'"):
         ExpertsConfig(block_m=16, gate_up=gu, down=dn, kernel="gemv")
 
 

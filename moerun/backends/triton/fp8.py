@@ -9,8 +9,9 @@ numbers; its functions are the torch twin).
 Four kernels, each one launch (the paired one in ``fp8_paired.py``; the tile helpers
 shared by all in ``fp8_tiles.py``):
 
-* ``quantize_rows_fp8`` -- ``x [M, H]`` -> e4m3 ``[M, H]`` + fp32 ``[M, H/G]``; used before a
-  dispatch that moves fp8 rows (post-quant dispatch).
+* ``quantize_rows_fp8`` (``fp8_quant.py``, re-exported here) -- ``x [M, H]`` -> e4m3
+  ``[M, H]`` + fp32 ``[M, H/G]``; used before a dispatch that moves fp8 rows (post-quant
+  dispatch).
 * ``gate_up_fp8`` -- as ``gate_up.gate_up``, with ``BLOCK_K = G``: each K step loads one
   activation scale per row and one weight scale per output column, ``acc += dot(a_fp8,
   w_fp8) * a_scale * w_scale`` (fp32; a tile of at most 128 columns lies in one weight
@@ -48,9 +49,10 @@ from moerun.backends.triton.configs import (
     GateUpConfig,
     fp8_intermediate,
 )
-from moerun.backends.triton.fp8_checks import check_groups_fp8, check_w2_fp8, check_w13_fp8
+from moerun.backends.triton.fp8_checks import check_w2_fp8, check_w13_fp8
 from moerun.backends.triton.down_tiles import store_down_rows
 from moerun.backends.triton.fp8_paired import gate_up_paired
+from moerun.backends.triton.fp8_quant import quantize_rows_fp8
 from moerun.backends.triton.fp8_tiles import block_rows, load_act_tile, quantize_tile, round_to
 from moerun.backends.triton.gate_up import grouped_pid
 from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
@@ -64,25 +66,6 @@ GROUP = FP8_GROUP
 
 
 # ---------------------------------------------------------------- kernels
-@triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, rows, stride_xm, stride_qm, stride_sm,
-                          BLOCK_R: tl.constexpr, G: tl.constexpr, EPS: tl.constexpr,
-                          QMAX: tl.constexpr,
-                          PDL: tl.constexpr):  # supplied by FastLauncher (moerun._triton.pdl)
-    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
-    pid_r = tl.program_id(0)
-    grp = tl.program_id(1)
-    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = grp * G + tl.arange(0, G)
-    ok = offs_r < rows
-    r64 = offs_r.to(tl.int64)
-    xf = tl.load(x_ptr + r64[:, None] * stride_xm + offs_c[None, :], mask=ok[:, None],
-                 other=0.0).to(tl.float32)
-    q, scale = quantize_tile(xf, EPS, QMAX)
-    tl.store(q_ptr + r64[:, None] * stride_qm + offs_c[None, :], q, mask=ok[:, None])
-    tl.store(s_ptr + r64 * stride_sm + grp, scale, mask=ok)
-
-
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _gate_up_fp8_kernel(
     x_ptr,  # [M, H] e4m3 (A_FP8) or the activation dtype
@@ -209,30 +192,12 @@ def _down_fp8_kernel(
                     hidden, stride_om, TOP_K, ATOMIC)
 
 
-_QUANT = FastLauncher(_quantize_rows_kernel)
 _GATE_UP = FastLauncher(_gate_up_fp8_kernel)
 _DOWN = FastLauncher(_down_fp8_kernel)
 
 
 # ---------------------------------------------------------------- configs
 # ---------------------------------------------------------------- launchers
-def quantize_rows_fp8(x: torch.Tensor) -> QuantizedRows:
-    """``x [M, H]`` (fp32/fp16/bf16, last dim contiguous, ``H % 128 == 0``) -> e4m3 rows and
-    fp32 ``[M, H/128]`` scales, as :func:`moerun.quant.quantize_rows`. One launch; current
-    stream; no host sync."""
-    m, h = x.shape
-    check_groups_fp8("x.shape[1]", h)
-    if x.stride(1) != 1:
-        raise ValueError("x needs a contiguous last dimension")
-    q = torch.empty(m, h, dtype=FP8_DTYPE, device=x.device)
-    s = torch.empty(m, h // GROUP, dtype=torch.float32, device=x.device)
-    if m:
-        block_r = 16
-        _QUANT((cdiv(m, block_r), h // GROUP), x, q, s, m, x.stride(0), q.stride(0),
-               s.stride(0), block_r, GROUP, AMAX_EPS, FP8_MAX, num_warps=4, num_stages=2)
-    return QuantizedRows(data=q, scale=s, group=GROUP)
-
-
 _MID = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 

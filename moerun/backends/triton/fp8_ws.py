@@ -309,7 +309,7 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     (``fp8_checks``)."""
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
-    from moerun.backends.triton.fp8 import quantize_rows_fp8
+    from moerun.backends.triton.fp8_quant import quantize_rows_fp8
 
     if out_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"out_dtype={out_dtype}: the ws fp8 kernels write fp16 or bf16")
