@@ -117,3 +117,26 @@ def test_ws_kernels_capture_and_replay():
     want = run_experts_fp8(xb, w13, w2, s13, s2, weights, ids, cfg, torch.bfloat16)
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_tune_plans_ws_candidates_at_prefill_fp8_points(tmp_path):
+    """``moerun tune --dtype fp8`` times the ws configs as whole calls where an expert gets
+    128 rows or more on average (mixtral T=1024: 256; qwen3-235b T=1024: 64), compiles them,
+    and plans none for bf16."""
+    from moerun.backends.triton.tune_plan import FP8, compile_configs, plan_points
+    from moerun.bench.shapes import parse_shapes
+
+    mix, qwen = parse_shapes("mixtral8x7b,qwen3-235b-a22b")
+    pts = {(p.shape.name, p.tokens): p
+           for p in plan_points([mix, qwen], [16, 1024, 8192], FP8, "NVIDIA H200", tmp_path)}
+    for key, want in {("mixtral8x7b", 16): 0, ("mixtral8x7b", 1024): 4,
+                      ("mixtral8x7b", 8192): 4, ("qwen3-235b-a22b", 1024): 0,
+                      ("qwen3-235b-a22b", 8192): 4}.items():
+        ws = [c for c in pts[key].persistent if c.kernel == "ws"]
+        assert len(ws) == want == len(pts[key].persistent), key
+        assert all(c in compile_configs(pts[key]) for c in ws)
+    stages = {(c.gate_up.num_stages, c.down.num_stages, c.gate_up.group_m)
+              for c in pts[("mixtral8x7b", 8192)].persistent}
+    assert (4, 4, 8) in stages  # the shipped entries' form is among them
+    bf16 = plan_points([mix], [8192], torch.bfloat16, "NVIDIA H200", tmp_path)
+    assert not any(c.kernel == "ws" for c in bf16[0].persistent)

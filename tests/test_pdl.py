@@ -152,7 +152,7 @@ _KERNEL_MODULES = ["moerun.routing.kernel", "moerun.backends.triton.align",
                    "moerun.backends.triton.gate_up", "moerun.backends.triton.down",
                    "moerun.backends.triton.combine", "moerun.backends.triton.persistent",
                    "moerun.backends.triton.fp8", "moerun.backends.triton.fp8_paired",
-                   "moerun.backends.triton.fp8_direct",
+                   "moerun.backends.triton.fp8_direct", "moerun.backends.triton.fp8_quant",
                    "moerun.backends.triton.dense"]
 
 

@@ -89,8 +89,8 @@ class ExpertsConfig:
             for compute-bound buckets on sm90 (needs ``block_m=128``, ``combine="reduce"``,
             ``gate_up.block_n=64``, ``down.block_n=128``, ``block_k=128``, ``split_k=1``,
             unpaired; the tiles' ``num_stages`` and ``gate_up.group_m`` are the kernels'
-            knobs). Elsewhere (not sm90, fp32 out) the grouped fp8 kernels run the same
-            tiles.
+            knobs). Elsewhere (not sm90, fp32 out, weights or scales not contiguous) the
+            grouped fp8 kernels run the same tiles.
         programs: persistent programs per launch (0: the device's SM count); only with
             ``kernel="persistent"``.
     """

@@ -330,8 +330,8 @@ PREQUANT_BLOCK_M = FP8_PREQUANT_BLOCK_M
 
 
 def _ws_supported(device: torch.device) -> bool:
-    """``kernel="ws"`` runs the Gluon kernels here (CUDA sm90), else the grouped ones with the
-    same tiles."""
+    """``kernel="ws"`` runs the Gluon kernels here (CUDA sm90; contiguous weights and scales,
+    checked by the caller), else the grouped ones with the same tiles."""
     if device.type != "cuda":
         return False
     from moerun.backends.triton.fp8_ws import ws_supported
@@ -357,7 +357,10 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
 
-    if cfg.kernel == "ws" and out_dtype != torch.float32 and _ws_supported(w13.device):
+    if cfg.kernel == "ws" and out_dtype != torch.float32 and _ws_supported(w13.device) \
+            and all(t.is_contiguous() for t in (w13, w2, w13_scale, w2_scale)):
+        # (strided or broadcast weights, e.g. the tuner's compile problem: no TMA over them,
+        # so the grouped kernels with the same tiles below)
         from moerun.backends.triton.fp8_ws import run_experts_fp8_ws
 
         return run_experts_fp8_ws(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,

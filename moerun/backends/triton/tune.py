@@ -344,7 +344,7 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
                 time_whole(ExpertsConfig(block_m=cs.block_m, gate_up=best_gu, down=d.down,
                                          combine=d.combine), "full")
         for cfg in pt.persistent:  # whole calls: their gate/up is not the grouped kernel
-            time_whole(cfg, "full, persistent")
+            time_whole(cfg, f"full, {cfg.kernel}")
         for cfg in pt.direct:  # whole calls: no alignment, their own two kernels
             time_whole(cfg, "full, direct")
         time_whole(pt.incumbent, f"incumbent, {pt.incumbent_source}", "incumbent ")

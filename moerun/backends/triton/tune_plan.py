@@ -3,8 +3,9 @@
 the plan (points, incumbents, target files) and the merge of winners into a config file.
 
 Prefill points of 2-byte dtypes also time the persistent TMA kernels as whole calls
-(:func:`persistent_candidates`), and decode points of a few tokens the two-launch direct
-path (:func:`direct_candidates`). Pure host code (no triton, no GPU): ``moerun tune --plan``
+(:func:`persistent_candidates`), fp8 points with 128 rows per hit expert or more the
+warp-specialized Gluon kernels (:func:`fp8_ws_candidates`), and decode points of a few tokens
+the two-launch direct path (:func:`direct_candidates`). Pure host code (no triton, no GPU): ``moerun tune --plan``
 prints a plan on any machine, and
 the tests check the space and the file round trip on a CPU. Legend: ``S`` local slots (the
 bench shape's ``num_experts``), ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
@@ -27,7 +28,8 @@ from moerun.bench.shapes import BenchShape
 
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
            "TunePoint", "TunedEntry", "candidates", "persistent_candidates", "direct_candidates",
-           "fp8_candidates", "fp8_direct_candidates", "DIRECT_MAX_TOKENS",
+           "fp8_candidates", "fp8_direct_candidates", "fp8_ws_candidates", "DIRECT_MAX_TOKENS",
+           "FP8_WS_MIN_TPE",
            "check_fp8_shape",
            "plan_points", "point_mode", "read_config_data", "merge_entries", "compile_configs"]
 
@@ -103,8 +105,9 @@ class TunePoint:
     incumbent_source: str
     candidate_sets: tuple[CandidateSet, ...]
     file_name: str
-    #: whole configs timed as they are (the persistent TMA kernels: their gate/up kernel is
-    #: not the grouped one the sets time alone), after the sets
+    #: whole configs timed as they are (the persistent TMA kernels; for fp8 the ws Gluon
+    #: kernels: their gate/up kernel is not the grouped one the sets time alone), after the
+    #: sets
     persistent: tuple[ExpertsConfig, ...] = ()
     #: whole configs of the direct decode path (``kernel="direct"``), timed likewise
     direct: tuple[ExpertsConfig, ...] = ()
@@ -255,6 +258,32 @@ def direct_candidates(tokens: int) -> list[ExpertsConfig]:
     return [ExpertsConfig(block_m=16, gate_up=g, down=d, combine=combine, kernel="direct")
             for combine, downs in (("reduce", per_token), ("atomic", per_pair))
             for g in gate_ups for d in downs]
+
+
+#: Rows per hit expert from which an fp8 point also times the warp-specialized Gluon kernels
+#: (``kernel="ws"``, 128-row blocks): below it their blocks are mostly padding (measured
+#: slower at 32 and 64 rows per expert, RESULTS 2026-12-02 from 08:34 UTC).
+FP8_WS_MIN_TPE = 128
+
+
+def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int) -> list[ExpertsConfig]:
+    """The ``kernel="ws"`` configs (``fp8_ws.py``) an fp8 point times as whole calls: the
+    shipped form (4 stages each, ``group_m=8``) and its stage and grouping variants, at
+    :data:`FP8_WS_MIN_TPE` rows per hit expert and more. Off sm90 they time the grouped
+    kernels with the same tiles (the fallback)."""
+    pairs = tokens * top_k
+    hit = min(num_slots, max(1, pairs))
+    if pairs / hit < FP8_WS_MIN_TPE:
+        return []
+    G, D = GateUpConfig, DownConfig
+    out = []
+    for gu_st, dn_st, gm in ((4, 4, 8), (5, 5, 8), (3, 4, 8), (4, 4, 16)):
+        out.append(ExpertsConfig(
+            block_m=128, gate_up=G(block_n=64, block_k=128, group_m=gm, num_warps=4,
+                                   num_stages=gu_st),
+            down=D(block_n=128, block_k=128, group_m=gm, num_warps=4, num_stages=dn_st),
+            combine="reduce", kernel="ws"))
+    return out
 
 
 def fp8_direct_candidates(tokens: int) -> list[ExpertsConfig]:
@@ -412,7 +441,7 @@ def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch
             if fp8:
                 sets = fp8_candidates(shape.num_experts, shape.top_k, shape.hidden,
                                       shape.intermediate, t)
-                persistent = ()
+                persistent = tuple(fp8_ws_candidates(shape.num_experts, shape.top_k, t))
             else:
                 persistent = tuple(persistent_candidates(shape.num_experts, shape.top_k, t,
                                                          elt))
