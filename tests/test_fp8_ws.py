@@ -140,3 +140,21 @@ def test_tune_plans_ws_candidates_at_prefill_fp8_points(tmp_path):
     assert (4, 4, 8) in stages  # the shipped entries' form is among them
     bf16 = plan_points([mix], [8192], torch.bfloat16, "NVIDIA H200", tmp_path)
     assert not any(c.kernel == "ws" for c in bf16[0].persistent)
+
+
+def test_ws_call_checks_its_operands_before_any_launch():
+    """Bad scales or weights are a ValueError naming the argument, raised on the host before
+    anything runs (so on a CPU too)."""
+    from moerun.backends.triton.fp8_ws import run_experts_fp8_ws
+
+    x, w13, s13, w2, s2, weights, ids = _problem(8, 2, 4, 256, 128, seed=1)
+    kw = dict(gate_up_stages=4, down_stages=4, group_m=8, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="w13_scale"):
+        run_experts_fp8_ws(x, w13, w2, s13[:, :1], s2, weights, ids, **kw)
+    with pytest.raises(ValueError, match="w2_scale"):
+        run_experts_fp8_ws(x, w13, w2, s13, s2[:, :, :0], weights, ids, **kw)
+    with pytest.raises(ValueError, match="w2 "):
+        run_experts_fp8_ws(x, w13, w2.float(), s13, s2, weights, ids, **kw)
+    with pytest.raises(ValueError, match="out_dtype"):
+        run_experts_fp8_ws(x, w13, w2, s13, s2, weights, ids,
+                           **(kw | dict(out_dtype=torch.float32)))

@@ -302,17 +302,22 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     ``x [M, H]`` in ``out_dtype`` (fp16/bf16) or :class:`QuantizedRows`; ``w13 [S, 2I, H]`` /
     ``w2 [S, H, I]`` e4m3 contiguous with fp32 ``[S, 2I/128, H/128]`` / ``[S, H/128, I/128]``
     block scales; ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights
-    [M, K]`` fp32 contiguous. Returns ``[M, H]`` ``out_dtype``. 7 launches (alignment, the
-    quantization unless given, 2 gathers, gate/up, quantization, down, sum) plus the gathers'
-    index math; current stream; no host sync; capturable (the TMA descriptors are launch
-    arguments, by value). Checks of shapes and dtypes are the fp8 path's
-    (``fp8_checks``)."""
+    [M, K]`` fp32 contiguous. Returns ``[M, H]`` ``out_dtype``. About a dozen launches: the
+    alignment (and its memset), the quantization unless given, the gathers and their index
+    math (torch, 5), gate/up, the intermediate's quantization, down, the sum; current stream;
+    no host sync; capturable (the TMA descriptors are launch arguments, by value). Shapes,
+    dtypes and scale layouts are checked first (``fp8_checks``, ValueError naming the
+    argument)."""
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
     from moerun.backends.triton.fp8_quant import quantize_rows_fp8
 
+    from moerun.backends.triton.fp8_checks import check_w2_fp8, check_w13_fp8
+
     if out_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"out_dtype={out_dtype}: the ws fp8 kernels write fp16 or bf16")
+    check_w13_fp8(x.data if isinstance(x, QuantizedRows) else x, w13, w13_scale)
+    check_w2_fp8(torch.empty(0, w13.shape[1] // 2, device="meta"), w2, w2_scale)
     q = x if isinstance(x, QuantizedRows) else quantize_rows_fp8(x)
     m, h = q.data.shape
     s, two_i, _ = w13.shape
