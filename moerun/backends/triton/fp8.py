@@ -330,13 +330,10 @@ PREQUANT_BLOCK_M = FP8_PREQUANT_BLOCK_M
 
 
 def _ws_supported(device: torch.device) -> bool:
-    """``kernel="ws"`` runs the Gluon kernels here (CUDA sm90; contiguous weights and scales,
-    checked by the caller), else the grouped ones with the same tiles."""
-    if device.type != "cuda":
-        return False
-    from moerun.backends.triton.fp8_ws import ws_supported
-
-    return ws_supported(device)
+    """``kernel="ws"`` runs the Gluon kernels of ``fp8_ws.py`` here (CUDA compute capability
+    9.x; contiguous weights and scales, checked by the caller), else the grouped ones with the
+    same tiles. Host only; imports no Gluon."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,

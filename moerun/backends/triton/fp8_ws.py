@@ -54,7 +54,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from moerun.quant import QuantizedRows
 
-__all__ = ["WS_BLOCK_M", "WS_GATE_UP_N", "WS_DOWN_N", "ws_supported", "run_experts_fp8_ws"]
+__all__ = ["WS_BLOCK_M", "WS_GATE_UP_N", "WS_DOWN_N", "run_experts_fp8_ws"]
 
 #: Rows per block (two consumer warp groups of 64), the gate/up tile's intermediate columns
 #: and the down tile's hidden columns; the K step is the 128-column quantization group.
@@ -286,12 +286,6 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def ws_supported(device: torch.device) -> bool:
-    """Whether the Gluon kernels run on ``device`` (CUDA, compute capability 9.x). Host
-    only."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
-
-
 def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
                        w13_scale: torch.Tensor, w2_scale: torch.Tensor,
                        topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
@@ -310,9 +304,8 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     argument)."""
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
-    from moerun.backends.triton.fp8_quant import quantize_rows_fp8
-
     from moerun.backends.triton.fp8_checks import check_w2_fp8, check_w13_fp8
+    from moerun.backends.triton.fp8_quant import quantize_rows_fp8
 
     if out_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"out_dtype={out_dtype}: the ws fp8 kernels write fp16 or bf16")

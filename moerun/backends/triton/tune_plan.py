@@ -5,9 +5,9 @@ the plan (points, incumbents, target files) and the merge of winners into a conf
 Prefill points of 2-byte dtypes also time the persistent TMA kernels as whole calls
 (:func:`persistent_candidates`), fp8 points with 128 rows per hit expert or more the
 warp-specialized Gluon kernels (:func:`fp8_ws_candidates`), and decode points of a few tokens
-the two-launch direct path (:func:`direct_candidates`). Pure host code (no triton, no GPU): ``moerun tune --plan``
-prints a plan on any machine, and
-the tests check the space and the file round trip on a CPU. Legend: ``S`` local slots (the
+the two-launch direct path (:func:`direct_candidates`). Pure host code (no triton, no GPU):
+``moerun tune --plan`` prints a plan on any machine, and the tests check the space and the
+file round trip on a CPU. Legend: ``S`` local slots (the
 bench shape's ``num_experts``), ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
 """
 
