@@ -30,7 +30,7 @@ def test_ws_config_rule_and_json_round_trip():
     assert cfg.to_json()["kernel"] == "ws"
     assert ExpertsConfig.from_json(cfg.to_json()) == cfg
     bad = [dict(block_m=64), dict(combine="atomic"),
-           dict(gate_up=GateUpConfig(block_n=128, block_k=128)),
+           dict(gate_up=GateUpConfig(block_n=32, block_k=128)),
            dict(down=DownConfig(block_n=64, block_k=128)),
            dict(gate_up=GateUpConfig(block_n=64, block_k=128, paired=True))]
     for kw in bad:
@@ -39,18 +39,25 @@ def test_ws_config_rule_and_json_round_trip():
 
 
 def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
-    """Only T=8192 entries of H200 fp8 files use the ws kernels (measured there, RESULTS)."""
-    from moerun.backends.triton.configs import CONFIG_DIR, load_config_file
+    """The ws kernels run the H200 fp8 files' prefill buckets where they were measured faster
+    (RESULTS, 2026-12-02): every T=8192 and T=1024 bucket but deepseek-v3's T=1024 (32 rows
+    per expert); the 128-column gate/up tile where it won (T=1024, and qwen3-30b-a3b's short
+    K), the 64-column one at the other T=8192 buckets."""
+    from moerun.backends.triton.configs import CONFIG_DIR, SMEM_LIMIT, load_config_file
 
-    seen = []
+    seen = {}
     for f in sorted(CONFIG_DIR.glob("*.json")):
         meta, entries = load_config_file(f)
         for bucket, cfg in entries.items():
             if cfg.kernel == "ws":
                 assert meta["dtype"] == "float8_e4m3fn" and meta["device"] == "NVIDIA H200", f
-                assert bucket == 8192, (f, bucket)
-                seen.append(meta["shape"]["name"])
-    assert sorted(seen) == ["deepseek-v3", "mixtral8x7b", "qwen3-235b-a22b"]
+                # the grouped fallback with the same tiles compiles (fp8 operands, 1 byte)
+                assert cfg.gate_up.smem_bytes(128, 1) <= SMEM_LIMIT, (f, bucket)
+                seen[(meta["shape"]["name"], bucket)] = cfg.gate_up.block_n
+    assert seen == {("deepseek-v3", 8192): 64, ("mixtral8x7b", 8192): 64,
+                    ("qwen3-235b-a22b", 8192): 64, ("qwen3-30b-a3b", 8192): 128,
+                    ("mixtral8x7b", 1024): 128, ("qwen3-30b-a3b", 1024): 128,
+                    ("qwen3-235b-a22b", 1024): 128}
 
 
 def test_ws_falls_back_to_the_grouped_kernels_off_sm90():
@@ -67,9 +74,14 @@ def _sm90():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("cols", [64, 128])
 @pytest.mark.parametrize("m,k,s,h,i", [(333, 2, 8, 512, 384), (20, 4, 64, 256, 256),
-                                       (1500, 8, 16, 384, 256)])
-def test_ws_kernels_meet_both_bars(m, k, s, h, i):
+                                       (1500, 8, 16, 384, 256), (500, 8, 64, 256, 256)])
+def test_ws_kernels_meet_both_bars(m, k, s, h, i, cols):
+    """Both gate/up forms (64 columns quantized after, 128 quantized in the epilogue) against
+    both references; (500, 8, 64): ~62 rows per expert, so about half the blocks hold at most
+    64 pairs and their second consumer skips."""
+    from moerun.backends.triton.configs import GateUpConfig
     from moerun.backends.triton.fp8 import quantize_rows_fp8, run_experts_fp8
     from moerun.quant import QuantConfig, dequantize_weight_blocks, reference_fp8_moe
 
@@ -79,7 +91,8 @@ def test_ws_kernels_meet_both_bars(m, k, s, h, i):
                             out_dtype=torch.bfloat16)
     unq = _fp32_moe(x.cpu(), dequantize_weight_blocks(w13, s13).cpu(),
                     dequantize_weight_blocks(w2, s2).cpu(), weights.cpu(), ids.cpu())
-    cfg = _ws_config()
+    cfg = _ws_config(gate_up=GateUpConfig(block_n=cols, block_k=128, num_stages=4,
+                                          num_warps=4))
     outs = []
     for xin in (xb, quantize_rows_fp8(xb)):
         out = run_experts_fp8(xin, w13, w2, s13, s2, weights, ids, cfg, torch.bfloat16)
@@ -94,16 +107,23 @@ def test_ws_kernels_meet_both_bars(m, k, s, h, i):
     grouped = run_experts_fp8(xb, w13, w2, s13, s2, weights, ids,
                               _ws_config(kernel="grouped"), torch.bfloat16)
     assert rel(grouped, ref) <= 1e-2
+    if cols == 128:  # the epilogue's quantization is quantize_rows_fp8's: the same output
+        other = run_experts_fp8(xb, w13, w2, s13, s2, weights, ids, _ws_config(),
+                                torch.bfloat16)
+        assert torch.equal(outs[0], other)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
-def test_ws_kernels_capture_and_replay():
+@pytest.mark.parametrize("cols", [64, 128])
+def test_ws_kernels_capture_and_replay(cols):
+    from moerun.backends.triton.configs import GateUpConfig
     from moerun.backends.triton.fp8 import run_experts_fp8
 
     x, w13, s13, w2, s2, weights, ids = _problem(300, 4, 16, 512, 256, seed=8, device="cuda")
     xb = x.bfloat16()
-    cfg = _ws_config()
+    cfg = _ws_config(gate_up=GateUpConfig(block_n=cols, block_k=128, num_stages=4,
+                                          num_warps=4))
     run_experts_fp8(xb, w13, w2, s13, s2, weights, ids, cfg, torch.bfloat16)  # compile
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -120,24 +140,27 @@ def test_ws_kernels_capture_and_replay():
 
 
 def test_tune_plans_ws_candidates_at_prefill_fp8_points(tmp_path):
-    """``moerun tune --dtype fp8`` times the ws configs as whole calls where an expert gets
-    128 rows or more on average (mixtral T=1024: 256; qwen3-235b T=1024: 64), compiles them,
-    and plans none for bf16."""
+    """``moerun tune --dtype fp8`` times the ws configs (both gate/up forms) as whole calls
+    where an expert gets 64 rows or more on average (mixtral T=1024: 256; qwen3-235b T=1024:
+    64; deepseek-v3 T=1024: 32), compiles them, and plans none for bf16."""
+    from moerun.backends.triton.configs import SMEM_LIMIT
     from moerun.backends.triton.tune_plan import FP8, compile_configs, plan_points
     from moerun.bench.shapes import parse_shapes
 
-    mix, qwen = parse_shapes("mixtral8x7b,qwen3-235b-a22b")
+    mix, qwen, dsv3 = parse_shapes("mixtral8x7b,qwen3-235b-a22b,deepseek-v3")
     pts = {(p.shape.name, p.tokens): p
-           for p in plan_points([mix, qwen], [16, 1024, 8192], FP8, "NVIDIA H200", tmp_path)}
-    for key, want in {("mixtral8x7b", 16): 0, ("mixtral8x7b", 1024): 4,
-                      ("mixtral8x7b", 8192): 4, ("qwen3-235b-a22b", 1024): 0,
-                      ("qwen3-235b-a22b", 8192): 4}.items():
+           for p in plan_points([mix, qwen, dsv3], [16, 1024, 8192], FP8, "NVIDIA H200",
+                                tmp_path)}
+    for key, want in {("mixtral8x7b", 16): 0, ("mixtral8x7b", 1024): 6,
+                      ("mixtral8x7b", 8192): 6, ("qwen3-235b-a22b", 1024): 6,
+                      ("qwen3-235b-a22b", 8192): 6, ("deepseek-v3", 1024): 0}.items():
         ws = [c for c in pts[key].persistent if c.kernel == "ws"]
         assert len(ws) == want == len(pts[key].persistent), key
         assert all(c in compile_configs(pts[key]) for c in ws)
-    stages = {(c.gate_up.num_stages, c.down.num_stages, c.gate_up.group_m)
-              for c in pts[("mixtral8x7b", 8192)].persistent}
-    assert (4, 4, 8) in stages  # the shipped entries' form is among them
+        assert all(c.gate_up.smem_bytes(128, 1) <= SMEM_LIMIT for c in ws)  # the fallback
+    forms = {(c.gate_up.block_n, c.gate_up.num_stages, c.down.num_stages, c.gate_up.group_m)
+             for c in pts[("mixtral8x7b", 8192)].persistent}
+    assert {(64, 4, 4, 8), (128, 4, 4, 8)} <= forms  # the shipped entries' forms
     bf16 = plan_points([mix], [8192], torch.bfloat16, "NVIDIA H200", tmp_path)
     assert not any(c.kernel == "ws" for c in bf16[0].persistent)
 
@@ -148,7 +171,8 @@ def test_ws_call_checks_its_operands_before_any_launch():
     from moerun.backends.triton.fp8_ws import run_experts_fp8_ws
 
     x, w13, s13, w2, s2, weights, ids = _problem(8, 2, 4, 256, 128, seed=1)
-    kw = dict(gate_up_stages=4, down_stages=4, group_m=8, out_dtype=torch.bfloat16)
+    kw = dict(gate_up_cols=64, gate_up_stages=4, down_stages=4, group_m=8,
+              out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="w13_scale"):
         run_experts_fp8_ws(x, w13, w2, s13[:, :1], s2, weights, ids, **kw)
     with pytest.raises(ValueError, match="w2_scale"):
@@ -158,3 +182,5 @@ def test_ws_call_checks_its_operands_before_any_launch():
     with pytest.raises(ValueError, match="out_dtype"):
         run_experts_fp8_ws(x, w13, w2, s13, s2, weights, ids,
                            **(kw | dict(out_dtype=torch.float32)))
+    with pytest.raises(ValueError, match="gate_up_cols"):
+        run_experts_fp8_ws(x, w13, w2, s13, s2, weights, ids, **(kw | dict(gate_up_cols=96)))

@@ -73,6 +73,30 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
              scales_equal=bool(torch.equal(a.scale, b.scale)))
     emit(kind="quant_empty", shape=list(quantize_rows_fp8(x[:0]).data.shape))
 
+    # the ws path's gather: token rows of the quantized activations in aligned order
+    from moerun.backends.triton.align import moe_align
+    from moerun.backends.triton.fp8_quant import gather_rows_fp8
+
+    qx = quantize_rows(torch.randn(13, 384, generator=g))
+    gids = torch.randint(0, 5, (13, 3), generator=g, dtype=torch.int32)
+    gids[4, 1] = -1  # an excluded pair
+    al = moe_align(gids, 5, 16)
+    got, pair_rows = gather_rows_fp8(qx, al.sorted_ids, al.num_post, 3)
+    n_post = int(al.num_post[0])
+    want_d = torch.zeros(n_post, 384, dtype=torch.uint8)
+    want_s = torch.zeros(n_post, 3)
+    want_rows = {}
+    for row, pair in enumerate(al.sorted_ids[:n_post].tolist()):
+        if pair < 39:
+            want_d[row] = qx.data[pair // 3].view(torch.uint8)
+            want_s[row] = qx.scale[pair // 3]
+            want_rows[pair] = row
+    emit(kind="gather", rows=n_post, padded=int((al.sorted_ids[:n_post] == 39).sum()),
+         codes_equal=bool(torch.equal(got.data[:n_post].view(torch.uint8), want_d)),
+         scales_equal=bool(torch.equal(got.scale[:n_post], want_s)),
+         mapped=len(want_rows),
+         rows_equal=all(int(pair_rows[p]) == r for p, r in want_rows.items()))
+
     cases = [
         # name, M, K, S, H, I, cfg
         ("atomic-bm16", 9, 2, 4, 256, 256, ExpertsConfig(
@@ -206,6 +230,16 @@ def test_quantize_kernel_equals_torch_definition(report):
     assert len(rows) == 2
     assert all(r["codes_equal"] and r["scales_equal"] for r in rows), rows
     assert _rows(report, "quant_empty")[0]["shape"] == [0, 384]
+
+
+def test_gather_kernel_puts_token_rows_in_aligned_order(report):
+    """``gather_rows_fp8`` (the ws path's A operand): row r is token ``sorted_ids[r] // K``'s
+    codes and scales, padding rows zero, and each placed pair's row is in the map, against a
+    loop over the alignment."""
+    (row,) = _rows(report, "gather")
+    assert row["padded"] > 0 and row["rows"] % 16 == 0
+    assert row["codes_equal"] and row["scales_equal"], row
+    assert row["mapped"] == 38 and row["rows_equal"], row  # 39 pairs, one excluded
 
 
 def test_fp8_experts_match_reference(report):

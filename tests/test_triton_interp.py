@@ -135,6 +135,14 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
             emit(kind="moe_sum", name=f"{name}/{dt_name}",
                  err=rel(out_sum, moe_sum_torch(torch.where(live[:, None], y, 0), ids, s)),
                  dtype=dt_name)
+            # the same rows at other positions of a longer y (NaN elsewhere), found by a map
+            perm = torch.randperm(m * k + 5, generator=g)[:m * k].int()
+            y_far = torch.full((m * k + 5, h), float("nan"), dtype=dt)
+            y_far[perm[live].long()] = y[live]
+            emit(kind="moe_sum", name=f"{name}/{dt_name}/rows",
+                 err=rel(moe_sum(y_far, ids, s, rows=perm),
+                         moe_sum_torch(torch.where(live[:, None], y, 0), ids, s)),
+                 dtype=dt_name)
             ref = reference_moe(x.double(), w13.double(), w2.double(), tw.double(), ids)
             for combine, split in (("reduce", 1), ("atomic", 1), ("atomic", 2)):
                 cfg = ExpertsConfig(block_m=16, gate_up=gu_cfg,

@@ -87,10 +87,12 @@ class ExpertsConfig:
             ``combine``.
             ``"ws"`` -- fp8 files only: the warp-specialized Gluon kernels of ``fp8_ws.py``
             for compute-bound buckets on sm90 (needs ``block_m=128``, ``combine="reduce"``,
-            ``gate_up.block_n=64``, ``down.block_n=128``, ``block_k=128``, ``split_k=1``,
-            unpaired; the tiles' ``num_stages`` and ``gate_up.group_m`` are the kernels'
-            knobs). Elsewhere (not sm90, fp32 out, weights or scales not contiguous) the
-            grouped fp8 kernels run the same tiles.
+            ``gate_up.block_n`` 64 or 128 -- the intermediate columns per tile: 128 runs two
+            64-column passes and quantizes the intermediate in the epilogue, 64 quantizes it
+            after --, ``down.block_n=128``, ``block_k=128``, ``split_k=1``, unpaired; the
+            tiles' ``num_stages`` and ``gate_up.group_m`` are the kernels' knobs). Elsewhere
+            (not sm90, fp32 out, weights or scales not contiguous) the grouped fp8 kernels
+            run the same tiles.
         programs: persistent programs per launch (0: the device's SM count); only with
             ``kernel="persistent"``.
     """
@@ -114,11 +116,11 @@ class ExpertsConfig:
                              "'persistent', 'direct' or 'ws' (fp8 only)")
         if self.kernel == "ws" and (
                 self.block_m != 128 or self.combine != "reduce" or self.gate_up.paired
-                or (self.gate_up.block_n, self.gate_up.block_k) != (64, 128)
+                or self.gate_up.block_n not in (64, 128) or self.gate_up.block_k != 128
                 or (self.down.block_n, self.down.block_k, self.down.split_k) != (128, 128, 1)):
             raise ValueError("ExpertsConfig: kernel='ws' needs block_m=128, combine='reduce', "
-                             "an unpaired gate/up tile of block_n=64, block_k=128 and a down "
-                             "tile of block_n=128, block_k=128, split_k=1")
+                             "an unpaired gate/up tile of block_n=64 or 128, block_k=128 and a "
+                             "down tile of block_n=128, block_k=128, split_k=1")
         if self.kernel == "direct" and (self.block_m != 16 or self.down.split_k != 1
                                         or self.gate_up.paired):
             raise ValueError("ExpertsConfig: kernel='direct' needs block_m=16, "

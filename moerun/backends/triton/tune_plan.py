@@ -261,25 +261,30 @@ def direct_candidates(tokens: int) -> list[ExpertsConfig]:
 
 
 #: Rows per hit expert from which an fp8 point also times the warp-specialized Gluon kernels
-#: (``kernel="ws"``, 128-row blocks): below it their blocks are mostly padding (measured
-#: slower at 32 and 64 rows per expert, RESULTS 2026-12-02 from 08:34 UTC).
-FP8_WS_MIN_TPE = 128
+#: (``kernel="ws"``, 128-row blocks): at 64 (qwen3 T=1024) they won once a consumer of 64
+#: padding rows skipped its wgmma; at 32 (deepseek-v3 T=1024) they lost (RESULTS 2026-12-02
+#: from 16:43 UTC).
+FP8_WS_MIN_TPE = 64
 
 
 def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int) -> list[ExpertsConfig]:
-    """The ``kernel="ws"`` configs (``fp8_ws.py``) an fp8 point times as whole calls: the
-    shipped form (4 stages each, ``group_m=8``) and its stage and grouping variants, at
-    :data:`FP8_WS_MIN_TPE` rows per hit expert and more. Off sm90 they time the grouped
-    kernels with the same tiles (the fallback)."""
+    """The ``kernel="ws"`` configs (``fp8_ws.py``) an fp8 point times as whole calls, at
+    :data:`FP8_WS_MIN_TPE` rows per hit expert and more: the 64-column gate/up tile (the
+    intermediate quantized after) in its shipped form (4 stages each, ``group_m=8``) with
+    stage and grouping variants, and the 128-column one (two passes, quantized in the
+    epilogue) with 3 or 4 gate/up stages; 6 configs. Off sm90 they time the grouped kernels
+    with the same tiles (the fallback), so each fits its shared memory (no 5-stage 128-column
+    form: 246 KB there)."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
     if pairs / hit < FP8_WS_MIN_TPE:
         return []
     G, D = GateUpConfig, DownConfig
     out = []
-    for gu_st, dn_st, gm in ((4, 4, 8), (5, 5, 8), (3, 4, 8), (4, 4, 16)):
+    for cols, gu_st, dn_st, gm in ((64, 4, 4, 8), (64, 5, 5, 8), (64, 3, 4, 8), (64, 4, 4, 16),
+                                   (128, 4, 4, 8), (128, 3, 4, 8)):
         out.append(ExpertsConfig(
-            block_m=128, gate_up=G(block_n=64, block_k=128, group_m=gm, num_warps=4,
+            block_m=128, gate_up=G(block_n=cols, block_k=128, group_m=gm, num_warps=4,
                                    num_stages=gu_st),
             down=D(block_n=128, block_k=128, group_m=gm, num_warps=4, num_stages=dn_st),
             combine="reduce", kernel="ws"))
