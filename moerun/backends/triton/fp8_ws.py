@@ -414,7 +414,8 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     r = sid.numel()
     fuse = gate_up_cols == 128
     qa = torch.empty(r, inter, device=dev, dtype=FP8_DTYPE if fuse else out_dtype)
-    qa_s = torch.empty(r, inter // 128 if fuse else 1, device=dev, dtype=torch.float32)
+    # (the 64-column form writes no scales: its epilogue never touches qs_ptr)
+    qa_s = torch.empty(r, inter // 128, device=dev, dtype=torch.float32) if fuse else g.scale
     grid = (_sm_count(dev.index if dev.index is not None else torch.cuda.current_device()),)
     _gate_up_kernel[grid](
         _desc(g.data, [64, 128]), _desc(w13.view(s * two_i, h), [WS_GATE_UP_N, 128]),
