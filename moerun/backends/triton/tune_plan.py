@@ -1,19 +1,19 @@
 """What ``moerun tune`` will time and what it writes: the pruned candidate space per point
 (bf16/fp16 kernels: :func:`candidates`; the fp8 block-scaled kernels: :func:`fp8_candidates`),
-the plan (points, incumbents, target files) and the merge of winners into a config file.
+the plan (points, incumbents, target files); the merge of winners into a config file is
+``tune_files.py`` (re-exported here).
 
 Prefill points of 2-byte dtypes also time the persistent TMA kernels as whole calls
-(:func:`persistent_candidates`), fp8 points with 128 rows per hit expert or more the
-warp-specialized Gluon kernels (:func:`fp8_ws_candidates`), and decode points of a few tokens
-the two-launch direct path (:func:`direct_candidates`). Pure host code (no triton, no GPU):
-``moerun tune --plan`` prints a plan on any machine, and the tests check the space and the
-file round trip on a CPU. Legend: ``S`` local slots (the
-bench shape's ``num_experts``), ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
+(:func:`persistent_candidates`), fp8 points with ``FP8_WS_MIN_TPE`` rows per hit expert or
+more the warp-specialized Gluon kernels (:func:`fp8_ws_candidates`), and decode points of a
+few tokens the two-launch direct path (:func:`direct_candidates`). Pure host code (no
+triton, no GPU): ``moerun tune --plan`` prints a plan on any machine, and the tests check the
+space and the file round trip on a CPU. Legend: ``S`` local slots (the bench shape's
+``num_experts``), ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +22,9 @@ import torch
 from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, SMEM_LIMIT,
                                             DownConfig, ExpertsConfig, GateUpConfig,
                                             bucket_of, config_file_name, default_config,
-                                            dtype_name, fp8_default_config, fp8_intermediate,
+                                            fp8_default_config, fp8_intermediate,
                                             fp8_tile_fits)
+from moerun.backends.triton.tune_files import TunedEntry, merge_entries, read_config_data
 from moerun.bench.shapes import BenchShape
 
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
@@ -117,27 +118,6 @@ class TunePoint:
         """Configs timed for this point: every candidate plus the incumbent."""
         return (sum(c.size for c in self.candidate_sets) + len(self.persistent)
                 + len(self.direct) + 1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TunedEntry:
-    """A winner: ``config`` (as it runs: fitted to shared memory), median ``us`` per call in
-    ``timing`` mode at ``tokens`` T, the cell's ``floor_us`` (``moerun.bench`` floor with this
-    run's ceilings; None when unknown)."""
-
-    config: ExpertsConfig
-    us: float
-    timing: str
-    tokens: int
-    floor_us: float | None = None
-
-    def to_json(self, date: str) -> dict:
-        d = {"config": self.config.to_json(), "us": round(self.us, 2), "timing": self.timing,
-             "T": self.tokens, "date": date}
-        if self.floor_us is not None:
-            d["floor_us"] = round(self.floor_us, 2)
-            d["floor_over_time"] = round(self.floor_us / self.us, 4)
-        return d
 
 
 def candidates(num_slots: int, top_k: int, hidden: int, inter: int, tokens: int,
@@ -408,14 +388,6 @@ def point_mode(shape: BenchShape, tokens: int, graph_max_tokens: int) -> str:
     return "eager" if shape.eager_only or tokens > graph_max_tokens else "graph"
 
 
-def read_config_data(path: Path) -> dict:
-    """A config file's JSON (``{"meta": {}, "entries": {}}`` when it does not exist)."""
-    path = Path(path)
-    if path.exists():
-        return json.loads(path.read_text())
-    return {"meta": {}, "entries": {}}
-
-
 def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch.dtype,
                 device_name: str, config_dir: Path, graph_max_tokens: int = 1024
                 ) -> list[TunePoint]:
@@ -474,37 +446,3 @@ def compile_configs(point: TunePoint) -> list[ExpertsConfig]:
         out += [ExpertsConfig(block_m=cs.block_m, gate_up=cs.gate_ups[0], down=d.down,
                               combine=d.combine) for d in cs.downs]
     return out
-
-
-def merge_entries(data: dict, *, shape: BenchShape, dtype: torch.dtype | str,
-                  device_name: str, command: str, date: str, versions: dict[str, str],
-                  winners: dict[int, TunedEntry],
-                  activation_dtype: torch.dtype | str | None = None) -> dict:
-    """``data`` (a config file's JSON) with ``winners`` ({bucket: entry}) merged in: other
-    buckets' entries kept, entries sorted by bucket, ``meta`` rewritten (command, date,
-    device, ``versions``, the local shape, dtype, and for fp8 files the ``activations``
-    dtype the kernels were timed with) with a history of the last 20 runs. A file written
-    before histories were kept (no ``history``, e.g. the fp8 sweep's) starts its history with
-    its old writer, so the provenance of the entries kept stays in the file. Returns a new
-    dict; ``data`` is not changed."""
-    entries = dict(data.get("entries", {}))
-    old = data.get("meta", {})
-    hist = list(old.get("history", []))
-    if not hist and old.get("command"):
-        hist.append({"command": old["command"], "date": old.get("date"),
-                     "device": old.get("device"),
-                     "T": sorted(e["T"] for e in entries.values() if "T" in e),
-                     **{k: old[k] for k in ("written_by", "torch", "triton") if k in old}})
-    hist.append({"command": command, "date": date, "device": device_name,
-                 "T": sorted(e.tokens for e in winners.values()), **versions})
-    meta = {"written_by": "moerun tune (moerun/backends/triton/tune.py)", "command": command,
-            "date": date, "device": device_name, **versions,
-            "shape": {"name": shape.name, "S": shape.num_experts, "top_k": shape.top_k,
-                      "H": shape.hidden, "I": shape.intermediate},
-            "dtype": dtype_name(dtype)}
-    if activation_dtype is not None:
-        meta["activations"] = dtype_name(activation_dtype)
-    meta["history"] = hist[-20:]
-    for b, entry in winners.items():
-        entries[str(b)] = entry.to_json(date)
-    return {"meta": meta, "entries": dict(sorted(entries.items(), key=lambda kv: int(kv[0])))}
