@@ -11,6 +11,7 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.gdc import pdl_prologue
 from moerun._triton.launch import FastLauncher, cdiv
+from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import FP8_GROUP
 from moerun.backends.triton.fp8_checks import check_groups_fp8
 from moerun.backends.triton.fp8_tiles import quantize_tile
@@ -62,61 +63,23 @@ def quantize_rows_fp8(x: torch.Tensor) -> QuantizedRows:
     return QuantizedRows(data=q, scale=s, group=GROUP)
 
 
-@triton.jit
-def _gather_rows_kernel(q_ptr, qs_ptr, sorted_ids_ptr, num_post_ptr, a_ptr, as_ptr, rows_ptr,
-                        num_pairs,
-                        h, groups, stride_q, stride_qs, stride_a, stride_as,
-                        TOP_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                        GROUPS_P2: tl.constexpr,
-                        PDL: tl.constexpr):  # supplied by FastLauncher (moerun._triton.pdl)
-    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
-    row0 = tl.program_id(0) * BLOCK_R
-    if row0 < tl.load(num_post_ptr):  # rows past the last block are never read
-        rows = row0 + tl.arange(0, BLOCK_R)
-        pair = tl.load(sorted_ids_ptr + rows)
-        ok = pair < num_pairs
-        tok = tl.where(ok, pair // TOP_K, 0).to(tl.int64)
-        tl.store(rows_ptr + pair, rows, mask=ok)  # each pair's aligned row
-        r64 = rows.to(tl.int64)
-        for c0 in range(0, h, BLOCK_C):
-            cols = c0 + tl.arange(0, BLOCK_C)
-            cm = cols < h
-            v = tl.load(q_ptr + tok[:, None] * stride_q + cols[None, :],
-                        mask=ok[:, None] & cm[None, :], other=0)
-            tl.store(a_ptr + r64[:, None] * stride_a + cols[None, :], v, mask=cm[None, :])
-        g = tl.arange(0, GROUPS_P2)
-        gm = g < groups
-        sv = tl.load(qs_ptr + tok[:, None] * stride_qs + g[None, :], mask=ok[:, None] & gm[None, :],
-                     other=0.0)
-        tl.store(as_ptr + r64[:, None] * stride_as + g[None, :], sv, mask=gm[None, :])
 
-
-_GATHER = FastLauncher(_gather_rows_kernel)
-
-
-def gather_rows_fp8(q: QuantizedRows, sorted_ids: torch.Tensor, num_post: torch.Tensor,
+def gather_rows_fp8(q: QuantizedRows, align: Alignment,
                     top_k: int) -> tuple[QuantizedRows, torch.Tensor]:
-    """Quantized rows in aligned order, and each pair's aligned row.
+    """Quantized rows in aligned order, and each pair's aligned row: ``persistent.gather_rows``
+    of the codes (writing the inverse map) and of the scales.
 
     Row ``r`` of the first result is token ``sorted_ids[r] // top_k``'s row of ``q`` (codes
-    and scales), for the ``num_post[0]`` rows in use; padding rows (``sorted_ids == M*top_k``)
-    are zero codes with scale 0, rows past ``num_post`` are left unwritten (no kernel reads
-    them). The second, ``rows [M*top_k]`` int32, is the inverse map: ``sorted_ids[rows[p]] ==
-    p`` for every pair the alignment placed (excluded pairs' entries are unwritten). ``q [M,
-    H]`` with ``[M, H/128]`` scales, ``sorted_ids [R]`` int32 and ``num_post [1]`` int32 of
-    ``moe_align``. Returns ``[R, H]`` / ``[R, H/128]`` and the map. One launch; current
-    stream; no host sync; capturable. Twin: a loop over the alignment (tests)."""
-    m, h = q.data.shape
-    r = sorted_ids.numel()
-    groups = q.scale.shape[1]
-    a = torch.empty(r, h, dtype=FP8_DTYPE, device=q.data.device)
-    a_s = torch.empty(r, groups, dtype=torch.float32, device=q.data.device)
-    rows = torch.empty(m * top_k, dtype=torch.int32, device=q.data.device)
-    if r:
-        block_r = 8
-        _GATHER((cdiv(r, block_r),), q.data.view(torch.uint8), q.scale, sorted_ids, num_post,
-                a.view(torch.uint8), a_s, rows, m * top_k, h, groups, q.data.stride(0),
-                q.scale.stride(0), a.stride(0), a_s.stride(0), top_k, block_r,
-                min(1024, 1 << (h - 1).bit_length()), max(2, 1 << (groups - 1).bit_length()),
-                num_warps=4, num_stages=1)
-    return QuantizedRows(data=a, scale=a_s, group=q.group), rows
+    and scales), for the ``num_post[0]`` rows in use; padding rows are zero codes with scale
+    0, rows past ``num_post`` are left unwritten (no kernel reads them). The second, ``rows
+    [M*top_k]`` int32, is the inverse map: ``sorted_ids[rows[p]] == p`` for every pair the
+    alignment placed (excluded pairs' entries are unwritten). ``q [M, H]`` with ``[M, H/128]``
+    scales, ``align`` of ``moe_align``. Returns ``[R, H]`` / ``[R, H/128]`` and the map. Two
+    launches; current stream; no host sync; capturable. Twin: a loop over the alignment
+    (tests)."""
+    from moerun.backends.triton.persistent import gather_rows
+
+    rows = torch.empty(align.num_pairs, dtype=torch.int32, device=q.data.device)
+    data = gather_rows(q.data.view(torch.uint8), align, top_k, pair_rows=rows)
+    scale = gather_rows(q.scale, align, top_k)
+    return QuantizedRows(data=data.view(FP8_DTYPE), scale=scale, group=q.group), rows

@@ -19,7 +19,7 @@ The call (:func:`run_experts_fp8_ws`), 5 or 6 device steps, no host sync, captur
 1. ``moe_align`` at 128 rows per block; the activations quantized (``quantize_rows_fp8``)
    unless they arrive as :class:`QuantizedRows`;
 2. the rows and scales gathered into aligned order (``gather_rows_fp8``: the rows in use
-   only, padding rows zero);
+   only, padding rows zero; also the pair-to-row map);
 3. gate/up (:func:`_gate_up_kernel`): per (block, ``gate_up_cols`` intermediate columns) and
    64-column pass each stage holds the block's two 64-row halves and the 64 gate and 64 up
    weight rows; each consumer issues the gate and the up wgmma (N = 64), waits, releases the
@@ -410,7 +410,7 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     dev = q.data.device
     align = moe_align(topk_ids, s, WS_BLOCK_M)
     sid = align.sorted_ids
-    g, pair_rows = gather_rows_fp8(q, sid, align.num_post, k)
+    g, pair_rows = gather_rows_fp8(q, align, k)
     r = sid.numel()
     fuse = gate_up_cols == 128
     qa = torch.empty(r, inter, device=dev, dtype=FP8_DTYPE if fuse else out_dtype)
