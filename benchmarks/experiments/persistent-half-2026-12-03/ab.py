@@ -19,6 +19,7 @@ import statistics
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+DOWN_HALF = False  # run 2: gate/up's wide half tiles only (run 1: both kernels' half tiles)
 CELLS = [("mixtral8x7b", 1024), ("mixtral8x7b", 8192), ("qwen3-30b-a3b", 8192),
          ("qwen3-235b-a22b", 1024), ("qwen3-235b-a22b", 8192), ("deepseek-v3", 8192),
          ("deepseek-v3-ep8-local", 256), ("deepseek-v3-ep8-local", 2048),
@@ -53,7 +54,7 @@ def call(x, w13, w2, w, ids, cfg, half):
     act = gate_up_persistent(x, w13, align, k, cfg.gate_up, programs=cfg.programs,
                              half_tiles=half)
     y = down_persistent(act, w2, align, w, k, cfg.down, programs=cfg.programs,
-                        half_tiles=half)
+                        half_tiles=DOWN_HALF and half)
     return moe_sum(y, ids, s)
 
 
@@ -61,6 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--cells", default="", help="name:T,... (default: CELLS)")
     args = ap.parse_args()
     from moerun.backends.triton.configs import ExpertsConfig
     from moerun.backends.triton.experts import TritonExperts
@@ -71,7 +73,9 @@ def main() -> None:
     be = TritonExperts()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cells": {}}
     last = None
-    for name, t in CELLS:
+    cells = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cells.split(",")] \
+        if args.cells else CELLS
+    for name, t in cells:
         shape = parse_shapes(name)[0]
         if last != name:
             wts = None
