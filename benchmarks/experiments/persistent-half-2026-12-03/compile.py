@@ -39,7 +39,8 @@ def main() -> None:
                       pm._gate_up_persistent_kernel,
                       (x, w13, act, ids, ids, ids, p, inter, h, r, s, 132,
                        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-                       1, 128, 128, 64, 8, True, "tf32", stages, False, a_tma, half, min(stages, 3), True),
+                       1, 128, 128, 64, 8, True, "tf32", stages, False, a_tma, half,
+                       min(stages, 3), True),  # HALF_STAGES: half-tiles-wide.patch's argument
                       dict(num_warps=8, num_stages=stages)))
     for stages, half in ((3, False), (3, True), (4, True)):
         cases.append((f"down st{stages} half={half}", pm._down_persistent_kernel,
