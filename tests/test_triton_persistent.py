@@ -271,11 +271,12 @@ def test_shipped_files_load_and_persistent_entries_are_measured():
 
 
 # ---------------------------------------------------------------- GPU (bf16)
-def _gpu_case(T=1024, seed=3):
+def _gpu_case(T=1024, seed=3, intermediate=1024):
     from moerun.bench.inputs import make_case, make_weights
     from moerun.bench.shapes import BenchShape
 
-    shape = BenchShape(name="mid", num_experts=16, top_k=4, hidden=2048, intermediate=1024)
+    shape = BenchShape(name="mid", num_experts=16, top_k=4, hidden=2048,
+                       intermediate=intermediate)
     w = make_weights(shape, torch.bfloat16, "cuda", seed=seed)
     return shape, w, make_case(shape, T, torch.bfloat16, "cuda", seed=seed, drop=0.05)
 
@@ -297,11 +298,12 @@ def _gpu_backend():
 
 
 @pytest.mark.gpu
-def test_gpu_bf16_persistent_matches_reference():
+@pytest.mark.parametrize("intermediate", [1024, 1000])  # 1000: N tail of gate/up's [1, 2, BN,
+def test_gpu_bf16_persistent_matches_reference(intermediate):  # BK] box, K tail of down
     from moerun.bench.inputs import reference_rows
     from moerun.testing import rel_err
 
-    _, w, c = _gpu_case()
+    _, w, c = _gpu_case(intermediate=intermediate)
     out = _gpu_backend().run_experts(c.x, w.w13, w.w2, c.topk_weights, c.topk_ids)
     ref = reference_rows(c.x, w.w13, w.w2, c.topk_weights, c.topk_ids, acc=torch.float64)
     assert rel_err(out, ref) <= 1e-2

@@ -14,10 +14,17 @@ twins of these kernels too), different schedule:
 * tiles in ``GROUP_M`` order over the used blocks (``grouped_pid``): consecutive tiles taken
   by the ``G`` programs at once are the N tiles of ``GROUP_M`` neighbouring blocks, which are
   mostly one expert's blocks, so its weight tiles are read from HBM once and from L2 after;
-* the weights through TMA: device-side descriptors (``tl.make_tensor_descriptor``) over the
-  3-D ``w13 [S, 2I, H]`` / ``w2 [S, H, I]`` with ``[1, BN, BK]`` boxes (3-D, so a box never
-  crosses into the next slot and any row stride of dim 0 works; out-of-range rows/columns
-  read as zeros, which is also the K tail);
+* the weights through TMA: device-side descriptors (``tl.make_tensor_descriptor``) over
+  ``w13`` seen as ``[S, 2, I, H]`` (gate rows, then up rows) with ``[1, 2, BN, BK]`` boxes and
+  over ``w2 [S, H, I]`` with ``[1, BN, BK]`` boxes (a box never crosses into the next slot, or
+  from the gate rows into the up rows, and any row stride of dim 0 works; out-of-range
+  rows/columns read as zeros, which is also the K and N tails);
+* gate/up as **one dot per K step**: the box holds a gate tile and the up tile of the same
+  columns stacked, ``[2 BN, BK]``, so ``a @ b.T`` gives ``[gate | up]`` in one
+  ``[BM, 2 BN]`` accumulator (n256 wgmmas per warp group at ``BN = 128``, 8 warps: each
+  A tile is read from shared memory once, not once per half), split in the epilogue;
+  the same products in the same K order as two dots, so the same bits (measured,
+  docs/DECISIONS.md "Gate/up as one dot");
 * gate/up's A operand: rows of ``x`` gathered by pointer (``sorted_ids // K``), as today --
   or, with ``GateUpConfig.a_tma``, rows first copied into aligned order by
   :func:`gather_rows` (one extra launch, ``R*H`` elements written and read back) so A goes
@@ -152,9 +159,11 @@ def _gate_up_persistent_kernel(
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
-    w_desc = tl.make_tensor_descriptor(w13_ptr, shape=[num_slots, 2 * inter, hidden],
-                                       strides=[stride_we, stride_wn, 1],
-                                       block_shape=[1, BLOCK_N, BLOCK_K])
+    # w13 [S, 2I, H] seen as [S, 2, I, H] (gate rows, then up rows): one box brings a gate
+    # tile and the up tile of the same columns, stacked as [2 BN, BK], for ONE dot per K step
+    w_desc = tl.make_tensor_descriptor(w13_ptr, shape=[num_slots, 2, inter, hidden],
+                                       strides=[stride_we, inter * stride_wn, stride_wn, 1],
+                                       block_shape=[1, 2, BLOCK_N, BLOCK_K])
     if A_TMA:
         a_desc = tl.make_tensor_descriptor(x_ptr, shape=[max_rows, hidden],
                                            strides=[stride_xm, 1],
@@ -175,8 +184,7 @@ def _gate_up_persistent_kernel(
             row_ok = pair < num_pairs
             tok = (pair // TOP_K).to(tl.int64)
             a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)  # [gate | up]
         for k in tl.range(0, k_tiles, num_stages=NUM_STAGES):
             if A_TMA:
                 a = a_desc.load([row0, k * BLOCK_K])
@@ -186,10 +194,9 @@ def _gate_up_persistent_kernel(
                 k_ok = offs_k < hidden - k * BLOCK_K
                 a = tl.load(a_ptrs + k * BLOCK_K, mask=row_ok[:, None] & k_ok[None, :],
                             other=0.0)
-            g = w_desc.load([expert, n0, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
-            u = w_desc.load([expert, inter + n0, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
-            acc_g = tl.dot(a, g.T, acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, u.T, acc_u, input_precision=PRECISION)
+            b = w_desc.load([expert, 0, n0, k * BLOCK_K]).reshape(2 * BLOCK_N, BLOCK_K)
+            acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+        acc_g, acc_u = tl.split(acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1))
         act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up, fp32
         offs_n = n0 + tl.arange(0, BLOCK_N)
         out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
