@@ -22,12 +22,15 @@ The call (:func:`run_experts_fp8_ws`), 5 or 6 device steps, no host sync, captur
    only, padding rows zero; also the pair-to-row map);
 3. gate/up (:func:`_gate_up_kernel`): per (block, ``gate_up_cols`` intermediate columns) and
    64-column pass each stage holds the block's two 64-row halves and the 64 gate and 64 up
-   weight rows; each consumer issues the gate and the up wgmma (N = 64), waits, releases the
-   stage, and adds both results times ``a_scale[row] * w_scale`` (one weight block per half
-   and step) to its accumulators; epilogue ``silu(g) * u`` in fp32, rounded to the activation
-   dtype; with 128 columns (two passes) quantized there per row and 128-column group and
-   TMA-stored as e4m3 ``[R, I]`` with fp32 ``[R, I/128]`` scales, with 64 TMA-stored in the
-   activation dtype and
+   weight rows, stacked in one ``[128, 128]`` stage buffer; each consumer issues ONE wgmma of
+   N = 128 over ``[gate | up]`` (the A tile read from shared memory once; the two N = 64
+   wgmmas it replaces gave the same bits and were 2-5 % slower at T=8192, docs/DECISIONS.md
+   "Gate/up as one dot"), waits, releases the stage, and adds the result times
+   ``a_scale[row] * w_scale`` (the gate block's scale on the gate half, the up block's on
+   the up half) to its accumulator, split into gate and up in the epilogue; epilogue
+   ``silu(g) * u`` in fp32, rounded to the activation dtype; with 128 columns (two passes)
+   quantized there per row and 128-column group and TMA-stored as e4m3 ``[R, I]`` with
+   fp32 ``[R, I/128]`` scales, with 64 TMA-stored in the activation dtype and
 4. quantized by ``quantize_rows_fp8`` (the same definition);
 5. down (:func:`_down_kernel`): per (block, 128 hidden columns) the same K loop over one
    weight tile; epilogue times the pair's routing weight, TMA-stored in aligned order to
@@ -116,11 +119,11 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr, expert
                                                 a_bufs.index(2 * s))
                 tma.async_copy_global_to_shared(a_desc, [off_m + HALFC, i * 128], bar,
                                                 a_bufs.index(2 * s + 1), pred=live)
-                if GATE_UP:
+                if GATE_UP:  # one [2 BN, 128] buffer per stage: gate rows, then up rows
                     tma.async_copy_global_to_shared(b_desc, [off_w, i * 128], bar,
-                                                    b_bufs.index(2 * s))
+                                                    b_bufs.index(s).slice(0, BN))
                     tma.async_copy_global_to_shared(b_desc, [off_w + up_offset, i * 128], bar,
-                                                    b_bufs.index(2 * s + 1))
+                                                    b_bufs.index(s).slice(BN, BN))
                 else:
                     tma.async_copy_global_to_shared(b_desc, [off_w, i * 128], bar,
                                                     b_bufs.index(s))
@@ -139,12 +142,16 @@ def _skip_steps(ready, empty, c, steps, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _gate_up_pass(a_bufs, b_bufs, ready, empty, dg, du, c, sa_p, gs_p, us_p, k_tiles,
-                  W: gl.constexpr, STAGES: gl.constexpr):
-    """One run over K for 64 intermediate columns: ``silu(g) * u`` in fp32 (and the carried
-    C operands and stage counter)."""
-    acc_g = gl.zeros_like(dg)
-    acc_u = gl.zeros_like(du)
+def _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p, us_p, k_tiles,
+                  W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                  HALF: gl.constexpr):
+    """One run over K for BN intermediate columns: ONE wgmma of N = 2 BN per K step over
+    ``[gate | up]`` (the stage buffer holds the gate rows, then the up rows), each half
+    scaled by its weight block; ``silu(g) * u`` in fp32 in layout ``HALF`` (and the carried
+    C operand and stage counter)."""
+    cols = gl.arange(0, 2 * BN, gl.SliceLayout(0, d.type.layout))
+    is_gate = gl.expand_dims(cols < BN, 0)
+    acc = gl.zeros_like(d)
     sa0 = gl.load(sa_p)
     sg0 = gl.load(gs_p)
     su0 = gl.load(us_p)
@@ -156,19 +163,20 @@ def _gate_up_pass(a_bufs, b_bufs, ready, empty, dg, du, c, sa_p, gs_p, us_p, k_t
         su1 = gl.load(us_p + nxt)
         mbarrier.wait(ready.index(s), (c // STAGES) & 1)
         a = a_bufs.index(2 * s + W)
-        bg = b_bufs.index(2 * s).permute((1, 0))
-        bu = b_bufs.index(2 * s + 1).permute((1, 0))
-        dg = warpgroup_mma(a, bg, dg, use_acc=False, is_async=True)
-        du = warpgroup_mma(a, bu, du, use_acc=False, is_async=True)
-        dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(dg, du))
+        b = b_bufs.index(s).permute((1, 0))
+        d = warpgroup_mma(a, b, d, use_acc=False, is_async=True)
+        d, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(d, a, b))
         mbarrier.arrive(empty.index(s), count=1)
-        acc_g = acc_g + dg * gl.expand_dims(sa0 * sg0, 1)
-        acc_u = acc_u + du * gl.expand_dims(sa0 * su0, 1)
+        sa = gl.expand_dims(sa0, 1)
+        acc = acc + d * gl.where(is_gate, sa * sg0, sa * su0)
         sa0 = sa1
         sg0 = sg1
         su0 = su1
         c += 1
-    return acc_g / (1.0 + gl.exp(-acc_g)) * acc_u, dg, du, c
+    g, u = gl.split(gl.permute(gl.reshape(acc, [64, 2, BN]), [0, 2, 1]))
+    g = gl.convert_layout(g, HALF)
+    u = gl.convert_layout(u, HALF)
+    return g / (1.0 + gl.exp(-g)) * u, d, c
 
 
 @gluon.jit
@@ -192,9 +200,10 @@ def _gate_up_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_p
     PASSES: gl.constexpr = 2 if FUSE_Q else 1
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BN, 32])
+    mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, 2 * BN, 32])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
-    dg = gl.zeros([HALFC, BN], gl.float32, mma)  # carried: the ignored C operands
-    du = gl.zeros([HALFC, BN], gl.float32, mma)
+    d = gl.zeros([HALFC, 2 * BN], gl.float32, mma2)  # carried: the ignored C operand
     grid_m = gl.load(num_post_ptr) // BMC
     c = 0
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
@@ -204,16 +213,17 @@ def _gate_up_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_p
         if gl.load(sorted_ids_ptr + off_m) < num_pairs:
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             rows = (off_m + gl.arange(0, HALFC, rows_l)).to(gl.int64)
-            sa_p = as_ptr + rows * stride_as
+            rows2 = (off_m + gl.arange(0, HALFC, gl.SliceLayout(1, mma2))).to(gl.int64)
+            sa_p = as_ptr + rows2 * stride_as  # the K loop's layout (N = 2 BN)
             gs_p = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
             us_p = gs_p + inter_blocks * stride_wsn
-            act0, dg, du, c = _gate_up_pass(a_bufs, b_bufs, ready, empty, dg, du, c, sa_p,
-                                            gs_p, us_p, k_tiles, W, STAGES)
+            act0, d, c = _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p, us_p,
+                                       k_tiles, W, BN, STAGES, mma)
             if FUSE_Q:
                 # the second 64 columns of the 128-column group, then the group's quantization
                 # as quantize_rows_fp8 of the rounded values
-                act1, dg, du, c = _gate_up_pass(a_bufs, b_bufs, ready, empty, dg, du, c, sa_p,
-                                                gs_p, us_p, k_tiles, W, STAGES)
+                act1, d, c = _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p,
+                                           us_p, k_tiles, W, BN, STAGES, mma)
                 act0 = _round_to(act0, MID)
                 act1 = _round_to(act1, MID)
                 amax = gl.maximum(gl.max(gl.abs(act0), axis=1), gl.max(gl.abs(act1), axis=1))
@@ -300,7 +310,7 @@ def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_ids_p
                    GROUP_M: gl.constexpr, FUSE_Q: gl.constexpr, MID: gl.constexpr):
     PASSES: gl.constexpr = 2 if FUSE_Q else 1
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, 64, 128], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, BN, 128], b_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, 2 * BN, 128], b_desc.layout)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * PASSES, 64, BN], c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

@@ -200,9 +200,8 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
     """The persistent TMA configs (``kernel="persistent"``, ``persistent.py``) a point times
     as whole calls: prefill points only (more than 160 rows per hit expert, where the
     grouped space is 128-row tiles too), 2-byte dtypes only (none for fp32). The space of
-    ``benchmarks/persistent_probe.py`` that won on the H200 (2026-12-01) plus its stage and
-    down-tile variants (four 128-row, 8-warp configs), and three 64-row, 4-warp ones (2-4
-    stages; ``benchmarks/experiments/gateup-n256-2026-12-03/ab64.py``); 7 configs."""
+    ``benchmarks/persistent_probe.py`` that won on the H200 (2026-12-01; every shipped
+    persistent entry is its first or second config) plus its stage and down-tile variants."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
     if elt != 2 or pairs / hit <= 160:
@@ -214,19 +213,8 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
     gu_tma = G(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3, a_tma=True)
     gu4 = G(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)
     dn4 = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4)
-    full = [ExpertsConfig(block_m=128, gate_up=g, down=d, combine="reduce", kernel="persistent")
+    return [ExpertsConfig(block_m=128, gate_up=g, down=d, combine="reduce", kernel="persistent")
             for g, d in ((gu, dn256), (gu_tma, dn256), (gu, dn128), (gu4, dn4))]
-    # 64-row blocks, one warp group per program: since gate/up runs one dot per K step its
-    # 64 x (2 x 128) tile keeps n256 wgmmas, and 64-row blocks halve each expert's last-block
-    # padding; 2 stages fit two programs per SM (programs = 2 x SMs)
-    half = [ExpertsConfig(block_m=64, combine="reduce", kernel="persistent",
-                          programs=2 * NUM_SMS if st == 2 else 0,
-                          gate_up=G(block_n=128, block_k=64, group_m=16, num_warps=4,
-                                    num_stages=st),
-                          down=D(block_n=256, block_k=64, group_m=16, num_warps=4,
-                                 num_stages=st))
-            for st in (4, 3, 2)]
-    return full + half
 
 
 def direct_candidates(tokens: int) -> list[ExpertsConfig]:
