@@ -673,3 +673,55 @@ def test_layer_bench_host_core_runs_each_round_on_one_core(tmp_path):
         assert run_layer_bench(args, out=io.StringIO(), err=err) == 2
         assert f"--host-core {bad}" in err.getvalue() and message in err.getvalue()
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_fp8_bench_times_the_call_the_layer_makes():
+    """``layer_fp8_call`` makes the call ``schedulers/one_rank.py`` makes: a one-rank shape
+    hands a backend that fuses the activation quantization the activation-dtype rows (no
+    ``quantize_rows`` launch), an EP-local shape and a backend that does not fuse get
+    ``quantize_rows`` first; the numbers are the same either way (against DESIGN 11a's
+    reference, on the CPU reference backend)."""
+    from moerun.backends.reference import ReferenceExperts
+    from moerun.bench.fp8 import layer_fp8_call
+    from moerun.bench.shapes import BenchShape
+    from moerun.quant import ExpertQuant, QuantConfig, QuantizedRows, quantize_weight_blocks
+    from moerun.quant import reference_fp8_moe
+
+    class Recording(ReferenceExperts):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def quantize_rows(self, x, config):
+            self.seen.append("quantize_rows")
+            return super().quantize_rows(x, config)
+
+        def run_experts(self, x, *a, **kw):
+            self.seen.append(type(x).__name__)
+            if not isinstance(x, QuantizedRows):  # what a fusing backend does inside
+                x = super().quantize_rows(x, kw["quant"].config)
+            return super().run_experts(x, *a, **kw)
+
+    class Fusing(Recording):
+        fuses_activation_quant = True
+
+    g = torch.Generator().manual_seed(0)
+    e, k, h, i, t = 4, 2, 128, 256, 5
+    qc = QuantConfig()
+    w13, s13 = quantize_weight_blocks(torch.randn(e, 2 * i, h, generator=g) * h ** -0.5)
+    w2, s2 = quantize_weight_blocks(torch.randn(e, h, i, generator=g) * i ** -0.5)
+    eq = ExpertQuant(config=qc, w13_scale=s13, w2_scale=s2, out_dtype=torch.float32)
+    x = torch.randn(t, h, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    w = torch.rand(t, k, generator=g)
+    ref = reference_fp8_moe(x, w13, s13, w2, s2, w, ids, qc, out_dtype=torch.float32)
+    model = BenchShape(name="m", num_experts=e, top_k=k, hidden=h, intermediate=i)
+    ep = BenchShape(name="m", num_experts=e, top_k=k, hidden=h, intermediate=i,
+                    eager_only=True, group="ep-local")
+    for backend, shape, calls in ((Fusing(), model, ["Tensor"]),
+                                  (Fusing(), ep, ["quantize_rows", "QuantizedRows"]),
+                                  (Recording(), model, ["quantize_rows",
+                                                             "QuantizedRows"])):
+        out = layer_fp8_call(backend, shape, x, w13, w2, w, ids, eq)
+        assert backend.seen == calls, (shape.group, calls)
+        assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)

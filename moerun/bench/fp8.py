@@ -2,9 +2,12 @@
 
 Per cell (shape x T), in one run and with one timing method per cell:
 
-* the fp8 call a layer makes -- ``backend.quantize_rows(x)`` then ``backend.run_experts(...,
-  quant=)`` on e4m3 weights with fp32 128 x 128 block scales (random codes and scales, so the
-  dequantized weights have the bf16 matrix's scale);
+* the fp8 call a layer makes (:func:`layer_fp8_call`) on e4m3 weights with fp32 128 x 128
+  block scales (random codes and scales, so the dequantized weights have the bf16 matrix's
+  scale): for a one-rank shape (group ``model``) ``backend.run_experts(x, ..., quant=)`` on
+  the activation-dtype rows when the backend declares ``fuses_activation_quant`` (as
+  ``schedulers/one_rank.py`` calls it), else -- and for the rank of an EP deployment
+  (group ``ep-local``, rows quantized before dispatch) -- ``backend.quantize_rows(x)`` first;
 * moerun's own bf16 call (``TritonExperts`` on CUDA) on the *dequantized* weights, the same
   inputs: the "faster than bf16" comparison of issue 12;
 * CUDA-graph replay per call for ``T <= --graph-max-tokens``, eager above (the serving
@@ -37,7 +40,7 @@ from moerun.bench.shapes import BenchShape
 from moerun.bench.timing import time_graph_replay, time_samples
 
 __all__ = ["Fp8Cell", "fp8_floor", "fp8_floor_us", "fp8_weights", "measure_fp8_rate",
-           "run_fp8_matrix", "CPU_SHAPE"]
+           "run_fp8_matrix", "layer_fp8_call", "CPU_SHAPE"]
 
 #: The CPU default (H and I multiples of 128, as the fp8 blocks need).
 CPU_SHAPE = "8:2:128:128"
@@ -136,6 +139,21 @@ def fp8_weights(shape: BenchShape, device: torch.device, gen: torch.Generator,
     return w13, w2, s13, s2, d13, d2
 
 
+def layer_fp8_call(backend, shape: BenchShape, x: torch.Tensor, w13: torch.Tensor,
+                   w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                   quant) -> torch.Tensor:
+    """The expert call a quantized layer of ``shape``'s deployment makes: a one-rank layer
+    (every group but ``ep-local``) hands a backend that declares ``fuses_activation_quant``
+    the activation-dtype rows ``x`` with ``quant=`` (``schedulers/one_rank.py``: no
+    ``quantize`` step); otherwise, and on an EP rank (``ep-local``: its rows were quantized
+    before dispatch), ``backend.quantize_rows(x)`` runs first. Returns ``[T, H]`` in
+    ``quant.out_dtype``; the backend's launches, no host sync."""
+    if shape.group != "ep-local" and type(backend).fuses_activation_quant:
+        return backend.run_experts(x, w13, w2, topk_weights, topk_ids, quant=quant)
+    return backend.run_experts(backend.quantize_rows(x, quant.config), w13, w2, topk_weights,
+                               topk_ids, quant=quant)
+
+
 def run_fp8_matrix(shapes: list[BenchShape], tokens: list[int] | None, *, device: torch.device,
                    ceilings: Ceilings, fp8_rate: float, backend, bf16_backend,
                    act_dtype: torch.dtype, repeats: int, warmup: int, graph_max_tokens: int,
@@ -162,8 +180,7 @@ def run_fp8_matrix(shapes: list[BenchShape], tokens: list[int] | None, *, device
 
             def fp8_call(j):
                 w, ids = routings[j % n]
-                return backend.run_experts(backend.quantize_rows(x, qc), w13, w2, w, ids,
-                                           quant=eq)
+                return layer_fp8_call(backend, shape, x, w13, w2, w, ids, eq)
 
             def bf16_call(j):
                 w, ids = routings[j % n]

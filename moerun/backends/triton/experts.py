@@ -83,7 +83,11 @@ class TritonExperts(Backend):
     supports_non_divisible_ep: ClassVar[bool] = True  # it only ever sees local slots
     supports_fused_shared: ClassVar[bool] = True
     supports_fp8_block: ClassVar[bool] = True  # fp8.py; CUDA sm89+ or the interpreter
-    fuses_activation_quant: ClassVar[bool] = True  # decode: in the gate/up kernel's registers
+    # False: the layer quantizes the rows with quantize_rows (one launch) also on one rank.
+    # Handing the kernels activation-dtype rows (quantized in the decode kernels' registers)
+    # was 1.11-1.19x slower at T=1 and up to 1.19x at T=16/128 on the H200 (docs/DECISIONS.md,
+    # "Who quantizes x"); run_experts still takes such rows.
+    fuses_activation_quant: ClassVar[bool] = False
 
     def __init__(self, configs=None):
         self._configs = configs
@@ -238,11 +242,12 @@ class TritonExperts(Backend):
         """See :meth:`Backend.run_experts`. 4 launches (2 with a ``kernel="direct"``
         config; module docstring); no host sync.
 
-        With ``quant`` (``x`` a :class:`~moerun.quant.QuantizedRows`, or activation-dtype rows:
-        ``fuses_activation_quant``): the fp8 block-scaled kernels of ``fp8.py`` (4 launches, 2
-        with a direct entry;
-        float rows are quantized in the gate/up kernel at decode sizes and by one more launch
-        at prefill sizes; the intermediate travels in fp8 at prefill sizes).
+        With ``quant`` (``x`` a :class:`~moerun.quant.QuantizedRows`, as the layer hands it;
+        activation-dtype rows are taken too, though ``fuses_activation_quant`` is False
+        because that is slower): the fp8 block-scaled kernels of ``fp8.py`` (4 launches, 2
+        with a direct entry; float rows are quantized in the gate/up kernel at decode sizes
+        and by one more launch at prefill sizes; the intermediate travels in fp8 at prefill
+        sizes).
 
         With ``shared`` (the ``FUSED`` order) the alignment covers ``S + n`` slots and the two
         GEMMs read the shared slots from the shared expert's own tensors; the tile config is
