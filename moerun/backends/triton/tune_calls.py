@@ -8,14 +8,12 @@ The whole call is what the shape's layer runs:
 * fp8: :func:`moerun.bench.fp8.layer_fp8_call` on e4m3 weights with fp32 128 x 128 block
   scales (random ``dtype`` weights quantized with
   :func:`moerun.quant.quantize_weight_blocks`), as ``moerun bench --dtype fp8`` times it:
-  ``run_experts(x, ..., quant=)`` on the activation-dtype rows for a one-rank shape
-  (TritonExperts quantizes them in its kernels), ``quantize_rows(x)`` first for an EP-local
-  shape (its rows are quantized before dispatch).
+  ``quantize_rows(x)`` (its own launch; the layer's ``quantize`` step, since TritonExperts
+  does not fuse it) then ``run_experts(..., quant=)``.
 
 The gate/up stage times the gate/up kernel alone on the form it gets inside the whole call
-(fp8: the activation-dtype rows at decode block sizes of a one-rank shape, else the
-quantized rows; the intermediate written in fp8 exactly when ``configs.fp8_intermediate``
-says so). Each ``*_fns`` method returns one zero-argument
+(fp8: the quantized rows, and the intermediate written in fp8 exactly when
+``configs.fp8_intermediate`` says so). Each ``*_fns`` method returns one zero-argument
 callable per routing (the caller times them in the point's mode). Legend: ``S`` slots, ``K``
 top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
 """
@@ -100,12 +98,8 @@ class Fp8Calls(FloatCalls):
         self.qc = QuantConfig()
         self.quant = ExpertQuant(config=self.qc, w13_scale=weights.w13_scale,
                                  w2_scale=weights.w2_scale, out_dtype=activation_dtype)
-        # the rows as the gate/up kernel gets them inside the layer's call
-        # (moerun.bench.fp8.layer_fp8_call): e4m3 rows at prefill block sizes (a launch
-        # quantizes them first either way) and on an EP rank; at decode block sizes on one
-        # rank the activation-dtype rows, quantized in the kernel's registers. Quantized
-        # once, outside every timed region.
-        self._fused = shape.group != "ep-local" and TritonExperts.fuses_activation_quant
+        # the rows as the gate/up kernel gets them inside the layer's call (quantized by
+        # the backend's own launch); made once, outside every timed region
         self._rows = [TritonExperts().quantize_rows(c.x, self.qc) for c in cases]
 
     def floor(self, experts_hit: float, ceilings: Ceilings, fp8_rate: float | None) -> Floor:
@@ -118,12 +112,11 @@ class Fp8Calls(FloatCalls):
         return fp8_floor(self.shape, len(self.cases[0].x), experts_hit, ceilings, fp8_rate)
 
     def gate_up_fns(self, block_m: int, cfg) -> list[Fn]:
-        """``gate_up_fp8`` alone on the rows as the whole call hands them to it (the
-        activation-dtype rows at decode block sizes of a one-rank shape, else the quantized
-        ones), writing the intermediate in the form the whole call would
-        (``fp8_intermediate`` of ``block_m`` and ``cfg``): a ``paired`` tile's stage is its
-        kernel and the intermediate's quantization launch, as in ``fp8.run_experts_fp8``."""
-        from moerun.backends.triton.configs import FP8_PREQUANT_BLOCK_M, fp8_intermediate
+        """``gate_up_fp8`` alone on the quantized rows, writing the intermediate in the form
+        the whole call would (``fp8_intermediate`` of ``block_m`` and ``cfg``): a ``paired``
+        tile's stage is its kernel and the intermediate's quantization launch, as in
+        ``fp8.run_experts_fp8``."""
+        from moerun.backends.triton.configs import fp8_intermediate
         from moerun.backends.triton.fp8 import gate_up_fp8, quantize_rows_fp8
 
         w = self.weights
@@ -136,9 +129,7 @@ class Fp8Calls(FloatCalls):
         else:
             def stage(q, a):
                 return gate_up_fp8(q, w.w13, w.w13_scale, a, k, cfg, act, fp8_out=f8)
-        rows = [c.x for c in self.cases] if self._fused and block_m < FP8_PREQUANT_BLOCK_M \
-            else self._rows
-        return [lambda q=q, a=a: stage(q, a) for q, a in zip(rows, self._aligned(block_m))]
+        return [lambda q=q, a=a: stage(q, a) for q, a in zip(self._rows, self._aligned(block_m))]
 
     def whole_fns(self, bucket: int, cfg) -> list[Fn]:
         """The layer's call with ``cfg`` as the bucket's fp8 config
