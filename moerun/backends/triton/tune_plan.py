@@ -201,7 +201,11 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
     as whole calls: prefill points only (more than 160 rows per hit expert, where the
     grouped space is 128-row tiles too), 2-byte dtypes only (none for fp32). The space of
     ``benchmarks/persistent_probe.py`` that won on the H200 (2026-12-01; every shipped
-    persistent entry is its first or second config) plus its stage and down-tile variants."""
+    persistent entry is its first or second config) plus its stage and down-tile variants,
+    and the 3- and 4-stage pairs with the down tile loop flattened (``flatten``: Triton
+    pipelines the next tile's first loads into this tile's tail; 3-7 % faster at the short
+    down K of qwen3-235b, qwen3-30b and the EP-local T=2048/8192 cells, 1-2 % slower at
+    mixtral's long K, same run on the H200, 2026-12-05: docs/DECISIONS.md)."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
     if elt != 2 or pairs / hit <= 160:
@@ -213,8 +217,11 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
     gu_tma = G(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3, a_tma=True)
     gu4 = G(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)
     dn4 = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4)
+    dn256f = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, flatten=True)
+    dn4f = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4, flatten=True)
     return [ExpertsConfig(block_m=128, gate_up=g, down=d, combine="reduce", kernel="persistent")
-            for g, d in ((gu, dn256), (gu_tma, dn256), (gu, dn128), (gu4, dn4))]
+            for g, d in ((gu, dn256), (gu_tma, dn256), (gu, dn128), (gu4, dn4), (gu, dn256f),
+                         (gu4, dn4f))]
 
 
 def direct_candidates(tokens: int) -> list[ExpertsConfig]:
