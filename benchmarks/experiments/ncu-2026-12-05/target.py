@@ -15,6 +15,9 @@ uniform routing), ``cublas_bf16`` (8192^3 ``torch.matmul``), ``cublas_fp8_block`
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import sys
 
 import torch
 
@@ -73,12 +76,8 @@ def main() -> None:
     ap.add_argument("--time", action="store_true", help="also print the call's event time")
     ap.add_argument("--variant", default="base", help="variants.py: base, eg, eg2, order, ...")
     args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if args.variant != "base":  # (variants.py needs its patch applied; variants2.py does not)
-        import importlib
-        import os
-        import sys
-
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         mod = "variants2" if args.variant in ("early", "dflat", "early+dflat") else "variants"
         importlib.import_module(mod).install(args.variant)
     fn = build(args.target)
@@ -86,15 +85,10 @@ def main() -> None:
         fn()
     torch.cuda.synchronize()
     if args.time:
-        ts = []
-        for _ in range(10):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
-        print(f"{args.target}: median {sorted(ts)[5]:.1f} us per call (eager, events)", flush=True)
+        from ab import _timed  # the A/B's timer: an event pair per call, synced per call
+
+        ts = sorted(_timed(fn, 10))
+        print(f"{args.target}: median {ts[5]:.1f} us per call (eager, events)", flush=True)
     torch.cuda.profiler.start()
     fn()
     torch.cuda.synchronize()
