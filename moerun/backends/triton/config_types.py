@@ -10,7 +10,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["GateUpConfig", "DownConfig", "ExpertsConfig"]
+__all__ = ["GateUpConfig", "DownConfig", "ExpertsConfig", "WS_MAX_STAGES"]
+
+#: ``kernel="ws"``: shared-memory stages at most, by weight rows per stage. A 256-row stage
+#: (gate/up 128 columns, down 256) is 48 KB, so 4 stages and the epilogue buffers take
+#: 208-224 KB of the 227 KB; a 128-row stage is 32 KB.
+WS_MAX_STAGES = {128: 5, 256: 4}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,12 +92,14 @@ class ExpertsConfig:
             ``combine``.
             ``"ws"`` -- fp8 files only: the warp-specialized Gluon kernels of ``fp8_ws.py``
             for compute-bound buckets on sm90 (needs ``block_m=128``, ``combine="reduce"``,
-            ``gate_up.block_n`` 64 or 128 -- the intermediate columns per tile: 128 runs two
-            64-column passes and quantizes the intermediate in the epilogue, 64 quantizes it
-            after --, ``down.block_n=128``, ``block_k=128``, ``split_k=1``, unpaired; the
-            tiles' ``num_stages`` and ``gate_up.group_m`` are the kernels' knobs). Elsewhere
-            (not sm90, fp32 out, weights or scales not contiguous) the grouped fp8 kernels
-            run the same tiles.
+            ``gate_up.block_n`` 64 or 128 -- the intermediate columns per tile: 64 promotes
+            each K step and quantizes the intermediate after, 128 reads 256 weight rows into
+            one carried accumulator (``fp8_ws_carry.py``) and quantizes in the epilogue --,
+            ``down.block_n`` 128 or 256 (256: carried, needs ``H % 256 == 0``),
+            ``block_k=128``, ``split_k=1``, unpaired, at most 4 stages with a 256-row weight
+            tile (5 otherwise); the tiles' ``num_stages`` and ``gate_up.group_m`` are the
+            kernels' knobs). Elsewhere (not sm90, fp32 out, weights or scales not contiguous)
+            the grouped fp8 kernels run the same tiles.
         programs: persistent programs per launch (0: the device's SM count); only with
             ``kernel="persistent"``.
     """
@@ -117,10 +124,15 @@ class ExpertsConfig:
         if self.kernel == "ws" and (
                 self.block_m != 128 or self.combine != "reduce" or self.gate_up.paired
                 or self.gate_up.block_n not in (64, 128) or self.gate_up.block_k != 128
-                or (self.down.block_n, self.down.block_k, self.down.split_k) != (128, 128, 1)):
+                or self.down.block_n not in (128, 256)
+                or (self.down.block_k, self.down.split_k) != (128, 1)
+                or self.gate_up.num_stages > WS_MAX_STAGES[2 * self.gate_up.block_n]
+                or self.down.num_stages > WS_MAX_STAGES[self.down.block_n]):
             raise ValueError("ExpertsConfig: kernel='ws' needs block_m=128, combine='reduce', "
                              "an unpaired gate/up tile of block_n=64 or 128, block_k=128 and a "
-                             "down tile of block_n=128, block_k=128, split_k=1")
+                             "down tile of block_n=128 or 256, block_k=128, split_k=1, with "
+                             "at most 4 stages for a 256-row weight tile (gate/up 128, down "
+                             "256) and 5 otherwise")
         if self.kernel == "direct" and (self.block_m != 16 or self.down.split_k != 1
                                         or self.gate_up.paired):
             raise ValueError("ExpertsConfig: kernel='direct' needs block_m=16, "

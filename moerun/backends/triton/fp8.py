@@ -362,6 +362,7 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
 
         return run_experts_fp8_ws(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,
                                   gate_up_cols=cfg.gate_up.block_n,
+                                  down_cols=cfg.down.block_n,
                                   gate_up_stages=cfg.gate_up.num_stages,
                                   down_stages=cfg.down.num_stages,
                                   group_m=cfg.gate_up.group_m, out_dtype=out_dtype)

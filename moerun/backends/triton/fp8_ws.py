@@ -20,34 +20,35 @@ The call (:func:`run_experts_fp8_ws`), 5 or 6 device steps, no host sync, captur
    unless they arrive as :class:`QuantizedRows`;
 2. the rows and scales gathered into aligned order (``gather_rows_fp8``: the rows in use
    only, padding rows zero; also the pair-to-row map);
-3. gate/up (:func:`_gate_up_kernel`): per (block, ``gate_up_cols`` intermediate columns) and
-   64-column pass each stage holds the block's two 64-row halves and the 64 gate and 64 up
-   weight rows, stacked in one ``[128, 128]`` stage buffer; each consumer issues ONE wgmma of
-   N = 128 over ``[gate | up]`` (the A tile read from shared memory once; the two N = 64
-   wgmmas it replaces gave the same bits and were 2-5 % slower at T=8192, docs/DECISIONS.md
-   "Gate/up as one dot"), waits, releases the stage, and adds the result times
-   ``a_scale[row] * w_scale`` (the gate block's scale on the gate half, the up block's on
-   the up half) to its accumulator, split into gate and up in the epilogue; epilogue
-   ``silu(g) * u`` in fp32, rounded to the activation dtype; with 128 columns (two passes)
-   quantized there per row and 128-column group and TMA-stored as e4m3 ``[R, I]`` with
-   fp32 ``[R, I/128]`` scales, with 64 TMA-stored in the activation dtype and
-4. quantized by ``quantize_rows_fp8`` (the same definition);
-5. down (:func:`_down_kernel`): per (block, 128 hidden columns) the same K loop over one
-   weight tile; epilogue times the pair's routing weight, TMA-stored in aligned order to
-   ``y [R, H]`` (so the consumer moves on while the copy drains);
+3. gate/up, one of two forms (``gate_up_cols``):
+   - 64 (:func:`_gate_up_kernel`): per (block, 64 intermediate columns) each stage holds the
+     block's two 64-row halves and the 64 gate and 64 up weight rows, stacked in one
+     ``[128, 128]`` stage buffer; each consumer issues ONE wgmma of N = 128 over
+     ``[gate | up]`` (the A tile read from shared memory once; two N = 64 wgmmas gave the
+     same bits and were 2-5 % slower at T=8192, docs/DECISIONS.md "Gate/up as one dot"),
+     waits, releases the stage, and adds the result times ``a_scale[row] * w_scale`` (the
+     gate block's scale on the gate half, the up block's on the up half) to its
+     accumulator; epilogue ``silu(g) * u`` in fp32, TMA-stored in the activation dtype, and
+     4. quantized by ``quantize_rows_fp8``;
+   - 128 (``fp8_ws_carry.gate_up_carry_kernel``): 128 gate and 128 up weight rows per tile,
+     one carried accumulator per consumer (that module's docstring), the epilogue quantizing
+     the whole 128-column group and TMA-storing e4m3 ``[R, I]`` with fp32 ``[R, I/128]``
+     scales (no step 4);
+5. down, ``down_cols`` 128 (:func:`_down_kernel`: the 64-column form's K loop over one
+   weight tile) or 256 (``fp8_ws_carry.down_carry_kernel``); epilogue times the pair's
+   routing weight, TMA-stored in aligned order to ``y [R, H]`` (so the consumer moves on
+   while the copy drains);
 6. ``moe_sum`` over the K rows of each token, found through the pair-to-row map the gather
    wrote.
 
 A consumer whose 64 rows are all padding (an expert's last block holding at most 64 pairs)
 issues no wgmma and only releases the stages, and the loader copies no A rows for it.
-Each wgmma's C operand is the previous step's (already used) result, so ``use_acc=False``
-costs no register copy. Needs CUDA sm90, ``H % 128 == 0`` and ``I % 128 == 0`` (checked by
+In the 128-column kernels each wgmma's C operand is the previous step's (already used)
+result, so ``use_acc=False`` costs no register copy. Needs CUDA sm90, ``H % 128 == 0`` and ``I % 128 == 0`` (checked by
 the fp8 path); the kernels compile on a CPU for sm90 (no interpreter runs them: GPU tests).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 from triton.experimental import gluon
@@ -59,86 +60,34 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
+from moerun.backends.triton.config_types import WS_MAX_STAGES
+from moerun.backends.triton.fp8_ws_parts import (
+    LOAD_REGS,
+    MMA_REGS,
+    loader,
+    skip_steps,
+    sm_count,
+    tile_of,
+    tma_desc,
+)
+from moerun.quant import FP8_DTYPE, QuantizedRows
 
-__all__ = ["WS_BLOCK_M", "WS_GATE_UP_N", "WS_DOWN_N", "run_experts_fp8_ws"]
+__all__ = [
+    "WS_BLOCK_M",
+    "WS_DOWN_COLS",
+    "WS_GATE_UP_COLS",
+    "run_experts_fp8_ws",
+]
 
-#: Rows per block (two consumer warp groups of 64), the gate/up tile's intermediate columns
-#: and the down tile's hidden columns; the K step is the 128-column quantization group.
+#: Rows per block (two consumer warp groups of 64); the gate/up tile's intermediate columns
+#: and the down tile's hidden columns of the two forms each (the first: promoted per K step,
+#: this module; the second: carried, ``fp8_ws_carry.py``); the K step is the 128-column
+#: quantization group.
 WS_BLOCK_M = 128
-WS_GATE_UP_N = 64
-WS_DOWN_N = 128
-_MMA_REGS = gl.constexpr(232)  # per consumer thread (setmaxnreg); the loader warp gets 40
-_LOAD_REGS = gl.constexpr(40)
-EPS = gl.constexpr(AMAX_EPS)
-QMAX = gl.constexpr(FP8_MAX)
+WS_GATE_UP_COLS = (64, 128)
+WS_DOWN_COLS = (128, 256)
 
-
-@gluon.jit
-def _tile(t, grid_m, grid_n, GROUP_M: gl.constexpr):
-    width = GROUP_M * grid_n
-    gid = t // width
-    size = gl.minimum(grid_m - gid * GROUP_M, GROUP_M)
-    return gid * GROUP_M + (t % size), (t % width) // size
-
-
-@gluon.jit
-def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr, expert_ids_ptr,
-            num_post_ptr, num_pairs, grid_n, k_tiles, n_rows_per_expert, up_offset,
-            BN: gl.constexpr, PASSES: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-            GATE_UP: gl.constexpr):
-    """TMA producer: per tile ``PASSES`` runs over K, each K step the block's two A halves
-    (the second only when it holds a pair) and the weight rows of that pass (gate/up: 64
-    gate rows and the 64 up rows ``up_offset`` further; down: BN rows)."""
-    BMC: gl.constexpr = 128
-    HALFC: gl.constexpr = 64
-    A_BYTES: gl.constexpr = a_desc.block_type.nbytes
-    B_BYTES: gl.constexpr = (2 if GATE_UP else 1) * b_desc.block_type.nbytes
-    FULL: gl.constexpr = 2 * A_BYTES + B_BYTES
-    HALF_ONLY: gl.constexpr = A_BYTES + B_BYTES
-    grid_m = gl.load(num_post_ptr) // BMC
-    c = 0
-    for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile(t, grid_m, grid_n, GROUP_M)
-        expert = gl.load(expert_ids_ptr + pid_m)
-        off_m = pid_m * BMC
-        second = gl.load(sorted_ids_ptr + off_m + HALFC)
-        live = second < num_pairs  # rows 64..127 hold a pair (they fill from row 0)
-        dead = second >= num_pairs
-        for p in gl.static_range(PASSES):
-            off_w = expert * n_rows_per_expert + (pid_n * PASSES + p) * BN
-            for i in range(k_tiles):
-                s = c % STAGES
-                mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)
-                bar = ready.index(s)
-                mbarrier.expect(bar, FULL, pred=live)
-                mbarrier.expect(bar, HALF_ONLY, pred=dead)
-                tma.async_copy_global_to_shared(a_desc, [off_m, i * 128], bar,
-                                                a_bufs.index(2 * s))
-                tma.async_copy_global_to_shared(a_desc, [off_m + HALFC, i * 128], bar,
-                                                a_bufs.index(2 * s + 1), pred=live)
-                if GATE_UP:  # one [2 BN, 128] buffer per stage: gate rows, then up rows
-                    tma.async_copy_global_to_shared(b_desc, [off_w, i * 128], bar,
-                                                    b_bufs.index(s).slice(0, BN))
-                    tma.async_copy_global_to_shared(b_desc, [off_w + up_offset, i * 128], bar,
-                                                    b_bufs.index(s).slice(BN, BN))
-                else:
-                    tma.async_copy_global_to_shared(b_desc, [off_w, i * 128], bar,
-                                                    b_bufs.index(s))
-                c += 1
-
-
-@gluon.jit
-def _skip_steps(ready, empty, c, steps, STAGES: gl.constexpr):
-    """A consumer whose 64 rows are all padding: release ``steps`` stages unread."""
-    for _ in range(steps):
-        s = c % STAGES
-        mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-        mbarrier.arrive(empty.index(s), count=1)
-        c += 1
-    return c
 
 
 @gluon.jit
@@ -180,73 +129,38 @@ def _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p, us_p, k_tiles,
 
 
 @gluon.jit
-def _round_to(v, MID: gl.constexpr):
-    """fp32 rounded to the activation dtype (``MID``: 1 fp16, 2 bf16), kept fp32."""
-    if MID == 1:
-        v = v.to(gl.float16).to(gl.float32)
-    else:
-        v = v.to(gl.bfloat16).to(gl.float32)
-    return v
-
-
-@gluon.jit
-def _gate_up_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr, qs_ptr,
+def _gate_up_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr,
                       sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles,
-                      stride_as, stride_wse, stride_wsn, stride_qs, inter_blocks,
-                      W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                      GROUP_M: gl.constexpr, FUSE_Q: gl.constexpr, MID: gl.constexpr):
+                      stride_as, stride_wse, stride_wsn, inter_blocks, W: gl.constexpr,
+                      BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     BMC: gl.constexpr = 128
     HALFC: gl.constexpr = 64
-    PASSES: gl.constexpr = 2 if FUSE_Q else 1
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BN, 32])
     mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, 2 * BN, 32])
-    rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     d = gl.zeros([HALFC, 2 * BN], gl.float32, mma2)  # carried: the ignored C operand
     grid_m = gl.load(num_post_ptr) // BMC
     c = 0
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile(t, grid_m, grid_n, GROUP_M)
+        pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
-        off_n = pid_n * (PASSES * BN)
+        off_n = pid_n * BN
         if gl.load(sorted_ids_ptr + off_m) < num_pairs:
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
-            rows = (off_m + gl.arange(0, HALFC, rows_l)).to(gl.int64)
             rows2 = (off_m + gl.arange(0, HALFC, gl.SliceLayout(1, mma2))).to(gl.int64)
             sa_p = as_ptr + rows2 * stride_as  # the K loop's layout (N = 2 BN)
             gs_p = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
             us_p = gs_p + inter_blocks * stride_wsn
-            act0, d, c = _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p, us_p,
-                                       k_tiles, W, BN, STAGES, mma)
-            if FUSE_Q:
-                # the second 64 columns of the 128-column group, then the group's quantization
-                # as quantize_rows_fp8 of the rounded values
-                act1, d, c = _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p,
-                                           us_p, k_tiles, W, BN, STAGES, mma)
-                act0 = _round_to(act0, MID)
-                act1 = _round_to(act1, MID)
-                amax = gl.maximum(gl.max(gl.abs(act0), axis=1), gl.max(gl.abs(act1), axis=1))
-                scale = gl.maximum(amax, EPS) / QMAX
-                sc = gl.expand_dims(scale, 1)
-                q0 = gl.minimum(gl.maximum(act0 / sc, -QMAX), QMAX).to(c_desc.dtype)
-                q1 = gl.minimum(gl.maximum(act1 / sc, -QMAX), QMAX).to(c_desc.dtype)
-                tma.store_wait(pendings=0)
-                c_bufs.index(2 * W).store(q0)
-                c_bufs.index(2 * W + 1).store(q1)
-                fence_async_shared()
-                tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_bufs.index(2 * W))
-                tma.async_copy_shared_to_global(c_desc, [off_m, off_n + BN],
-                                                c_bufs.index(2 * W + 1))
-                gl.store(qs_ptr + rows * stride_qs + pid_n, scale)
-            else:
-                tma.store_wait(pendings=0)
-                cs = c_bufs.index(W)
-                cs.store(act0.to(c_desc.dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(c_desc, [off_m, off_n], cs)
+            act, d, c = _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p, us_p,
+                                      k_tiles, W, BN, STAGES, mma)
+            tma.store_wait(pendings=0)
+            cs = c_bufs.index(W)
+            cs.store(act.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], cs)
         else:
-            c = _skip_steps(ready, empty, c, PASSES * k_tiles, STAGES)
+            c = skip_steps(ready, empty, c, k_tiles, STAGES)
     tma.store_wait(pendings=0)
 
 
@@ -264,7 +178,7 @@ def _down_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sor
     grid_m = gl.load(num_post_ptr) // BMC
     c = 0
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile(t, grid_m, grid_n, GROUP_M)
+        pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
         if gl.load(sorted_ids_ptr + off_m) < num_pairs:
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -299,25 +213,23 @@ def _down_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sor
             fence_async_shared()
             tma.async_copy_shared_to_global(c_desc, [off_m, off_n], cs)
         else:
-            c = _skip_steps(ready, empty, c, k_tiles, STAGES)
+            c = skip_steps(ready, empty, c, k_tiles, STAGES)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_ids_ptr,
-                   expert_ids_ptr, num_post_ptr, num_pairs, inter, hidden, stride_as,
-                   stride_wse, stride_wsn, stride_qs, BN: gl.constexpr, STAGES: gl.constexpr,
-                   GROUP_M: gl.constexpr, FUSE_Q: gl.constexpr, MID: gl.constexpr):
-    PASSES: gl.constexpr = 2 if FUSE_Q else 1
+def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr,
+                    num_post_ptr, num_pairs, inter, hidden, stride_as, stride_wse, stride_wsn,
+                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, 64, 128], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, 2 * BN, 128], b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * PASSES, 64, BN], c_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, 64, BN], c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)
-    grid_n = inter // (PASSES * BN)
+    grid_n = inter // BN
     k_tiles = hidden // 128
     inter_blocks = inter // 128
     WG0: gl.constexpr = 0
@@ -325,17 +237,17 @@ def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_ids_p
     GU: gl.constexpr = True
     gl.warp_specialize([
         (_gate_up_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr,
-                             qs_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs,
-                             grid_n, k_tiles, stride_as, stride_wse, stride_wsn, stride_qs,
-                             inter_blocks, WG0, BN, STAGES, GROUP_M, FUSE_Q, MID)),
+                             sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs, grid_n,
+                             k_tiles, stride_as, stride_wse, stride_wsn, inter_blocks, WG0, BN,
+                             STAGES, GROUP_M)),
         (_gate_up_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr,
-                             qs_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs,
-                             grid_n, k_tiles, stride_as, stride_wse, stride_wsn, stride_qs,
-                             inter_blocks, WG1, BN, STAGES, GROUP_M, FUSE_Q, MID)),
-        (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
+                             sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs, grid_n,
+                             k_tiles, stride_as, stride_wse, stride_wsn, inter_blocks, WG1, BN,
+                             STAGES, GROUP_M)),
+        (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                    expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
-                   BN, PASSES, STAGES, GROUP_M, GU)),
-    ], [4, 1], [_MMA_REGS, _LOAD_REGS])
+                   BN, STAGES, GROUP_M, GU)),
+    ], [4, 1], [MMA_REGS, LOAD_REGS])
 
 
 @gluon.jit
@@ -355,7 +267,6 @@ def _down_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     GU: gl.constexpr = False
-    PASSES: gl.constexpr = 1
     gl.warp_specialize([
         (_down_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr,
                           sorted_ids_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, grid_n,
@@ -365,52 +276,56 @@ def _down_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_
                           sorted_ids_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, grid_n,
                           k_tiles, stride_as, stride_wse, stride_wsn, num_pairs, WG1, BN,
                           STAGES, GROUP_M)),
-        (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
+        (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                    expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
-                   PASSES, STAGES, GROUP_M, GU)),
-    ], [4, 1], [_MMA_REGS, _LOAD_REGS])
-
-
-def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    gdt = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
-           torch.float16: gl.float16}[t.dtype]
-    return TensorDescriptor.from_tensor(t, block,
-                                        gl.NVMMASharedLayout.get_default_for(block, gdt))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+                   STAGES, GROUP_M, GU)),
+    ], [4, 1], [MMA_REGS, LOAD_REGS])
 
 
 def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
                        w13_scale: torch.Tensor, w2_scale: torch.Tensor,
                        topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                       gate_up_cols: int, gate_up_stages: int, down_stages: int,
-                       group_m: int, out_dtype: torch.dtype) -> torch.Tensor:
+                       gate_up_cols: int, down_cols: int, gate_up_stages: int,
+                       down_stages: int, group_m: int, out_dtype: torch.dtype) -> torch.Tensor:
     """``out[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` through the Gluon kernels.
 
     ``x [M, H]`` in ``out_dtype`` (fp16/bf16) or :class:`QuantizedRows`; ``w13 [S, 2I, H]`` /
     ``w2 [S, H, I]`` e4m3 contiguous with fp32 ``[S, 2I/128, H/128]`` / ``[S, H/128, I/128]``
     block scales; ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights
-    [M, K]`` fp32 contiguous. Returns ``[M, H]`` ``out_dtype``. About a dozen launches: the
-    alignment (and its memset), the quantization unless given, the gathers and their index
-    math (torch, 5), gate/up, the intermediate's quantization, down, the sum; current stream;
-    no host sync; capturable (the TMA descriptors are launch arguments, by value). Shapes,
-    dtypes and scale layouts are checked first (``fp8_checks``, ValueError naming the
-    argument)."""
+    [M, K]`` fp32 contiguous. ``gate_up_cols`` 64 or 128 and ``down_cols`` 128 or 256 pick
+    the forms (module docstring; 256 needs ``H % 256 == 0``); stages at most
+    ``config_types.WS_MAX_STAGES`` of the tile's weight rows. Returns ``[M, H]`` ``out_dtype``. About a dozen
+    launches: the alignment (and its memset), the quantization unless given, the gathers and
+    their index math (torch, 5), gate/up, the intermediate's quantization (64 columns), down,
+    the sum; current stream; no host sync; capturable (the TMA descriptors are launch
+    arguments, by value). Shapes, dtypes, scale layouts and the knobs are checked first
+    (``fp8_checks``; ValueError naming the argument)."""
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
     from moerun.backends.triton.fp8_checks import check_w2_fp8, check_w13_fp8
     from moerun.backends.triton.fp8_quant import gather_rows_fp8, quantize_rows_fp8
+    from moerun.backends.triton.fp8_ws_carry import (
+        down_carry_kernel,
+        gate_up_carry_kernel,
+    )
 
     if out_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"out_dtype={out_dtype}: the ws fp8 kernels write fp16 or bf16")
-    if gate_up_cols not in (64, 128):
-        raise ValueError(f"gate_up_cols={gate_up_cols!r}: use 64 (one pass, the intermediate "
-                         "quantized after) or 128 (two passes, quantized in the epilogue)")
+    if gate_up_cols not in WS_GATE_UP_COLS:
+        raise ValueError(f"gate_up_cols={gate_up_cols!r}: use 64 (the intermediate quantized "
+                         "after) or 128 (256-row weight tiles, quantized in the epilogue)")
+    if down_cols not in WS_DOWN_COLS:
+        raise ValueError(f"down_cols={down_cols!r}: use 128 or 256")
+    for name, st, rows in (("gate_up_stages", gate_up_stages, 2 * gate_up_cols),
+                           ("down_stages", down_stages, down_cols)):
+        if not 2 <= st <= WS_MAX_STAGES[rows]:
+            raise ValueError(f"{name}={st!r}: use 2..{WS_MAX_STAGES[rows]} with a {rows}-row "
+                             "weight tile (shared memory)")
     check_w13_fp8(x.data if isinstance(x, QuantizedRows) else x, w13, w13_scale)
     check_w2_fp8(torch.empty(0, w13.shape[1] // 2, device="meta"), w2, w2_scale)
+    if w2.shape[1] % down_cols:
+        raise ValueError(f"down_cols={down_cols} must divide the hidden size {w2.shape[1]}; "
+                         "use 128")
     q = x if isinstance(x, QuantizedRows) else quantize_rows_fp8(x)
     m, h = q.data.shape
     s, two_i, _ = w13.shape
@@ -422,24 +337,38 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     sid = align.sorted_ids
     g, pair_rows = gather_rows_fp8(q, align, k)
     r = sid.numel()
-    fuse = gate_up_cols == 128
-    qa = torch.empty(r, inter, device=dev, dtype=FP8_DTYPE if fuse else out_dtype)
-    # (the 64-column form writes no scales: its epilogue never touches qs_ptr)
-    qa_s = torch.empty(r, inter // 128, device=dev, dtype=torch.float32) if fuse else g.scale
-    grid = (_sm_count(dev.index if dev.index is not None else torch.cuda.current_device()),)
-    _gate_up_kernel[grid](
-        _desc(g.data, [64, 128]), _desc(w13.view(s * two_i, h), [WS_GATE_UP_N, 128]),
-        _desc(qa, [64, WS_GATE_UP_N]), g.scale, w13_scale, qa_s, sid, align.expert_ids,
-        align.num_post, p, inter, h, g.scale.stride(0), w13_scale.stride(0),
-        w13_scale.stride(1), qa_s.stride(0), WS_GATE_UP_N, gate_up_stages, group_m, fuse,
-        1 if out_dtype == torch.float16 else 2, num_warps=4)
-    if not fuse:
-        iq = quantize_rows_fp8(qa)
+    grid = (sm_count(dev.index if dev.index is not None else torch.cuda.current_device()),)
+    gu_w = tma_desc(w13.view(s * two_i, h), [gate_up_cols, 128])
+    if gate_up_cols == 128:  # carried: e4m3 and scales out of the epilogue
+        qa = torch.empty(r, inter, device=dev, dtype=FP8_DTYPE)
+        qa_s = torch.empty(r, inter // 128, device=dev, dtype=torch.float32)
+        gate_up_carry_kernel[grid](
+            tma_desc(g.data, [64, 128]), gu_w, tma_desc(qa, [64, 128]), g.scale, w13_scale, qa_s,
+            sid, align.expert_ids, align.num_post, p, inter, h, g.scale.stride(0),
+            w13_scale.stride(0), w13_scale.stride(1), qa_s.stride(0), gate_up_stages, group_m,
+            1 if out_dtype == torch.float16 else 2, num_warps=4)
+    else:
+        act = torch.empty(r, inter, device=dev, dtype=out_dtype)
+        _gate_up_kernel[grid](
+            tma_desc(g.data, [64, 128]), gu_w, tma_desc(act, [64, 64]), g.scale, w13_scale, sid,
+            align.expert_ids, align.num_post, p, inter, h, g.scale.stride(0),
+            w13_scale.stride(0), w13_scale.stride(1), 64, gate_up_stages, group_m,
+            num_warps=4)
+        iq = quantize_rows_fp8(act)
         qa, qa_s = iq.data, iq.scale
     y = torch.empty(r, h, device=dev, dtype=out_dtype)  # aligned order
-    _down_kernel[grid](
-        _desc(qa, [64, 128]), _desc(w2.view(s * h, inter), [WS_DOWN_N, 128]),
-        _desc(y, [64, WS_DOWN_N]), topk_weights, sid, qa_s, w2_scale, align.expert_ids,
-        align.num_post, h, inter, qa_s.stride(0), w2_scale.stride(0), w2_scale.stride(1), p,
-        WS_DOWN_N, down_stages, group_m, num_warps=4)
+    a_desc = tma_desc(qa, [64, 128])
+    dn_w = tma_desc(w2.view(s * h, inter), [down_cols, 128])
+    if down_cols == 256:  # carried; 4 stages leave room for a [64, 128] store buffer only
+        split = down_stages > 3
+        down_carry_kernel[grid](
+            a_desc, dn_w, tma_desc(y, [64, 128 if split else 256]), topk_weights, sid, qa_s,
+            w2_scale, align.expert_ids, align.num_post, h, inter, qa_s.stride(0),
+            w2_scale.stride(0), w2_scale.stride(1), p, down_stages, group_m, split,
+            num_warps=4)
+    else:
+        _down_kernel[grid](
+            a_desc, dn_w, tma_desc(y, [64, 128]), topk_weights, sid, qa_s, w2_scale,
+            align.expert_ids, align.num_post, h, inter, qa_s.stride(0), w2_scale.stride(0),
+            w2_scale.stride(1), p, 128, down_stages, group_m, num_warps=4)
     return moe_sum(y, topk_ids, s, rows=pair_rows)

@@ -38,7 +38,10 @@ Per point (shape, T) at most :data:`~moerun.backends.triton.tune_plan.MAX_CONFIG
    timing picks a winner partly by noise.
 
 The fastest whole call (the fastest finalist where there are two or more) wins and replaces
-the entry; other entries in the file are kept, so tuning accumulates across sessions. All
+the entry, except that an incumbent among the finalists is kept unless a challenger's median
+beats its median by more than :data:`KEEP_MARGIN` (:func:`pick_winner`): a 0.4 % "win" at a
+point where one config reads 1-3 % apart between timings is a flip on noise, and it would
+rewrite a measured entry for nothing; other entries in the file are kept, so tuning accumulates across sessions. All
 candidates are compiled up front in parallel worker processes (Triton's disk cache), since
 compiling dominates otherwise. The run stops starting new points once ``--budget-s`` is
 spent and writes what it has. ``--plan`` prints the points, candidate counts and target
@@ -57,8 +60,8 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main", "build_parser", "run_points", "write_winners", "finalists",
-           "FINAL_WITHIN", "FINAL_MAX", "FINAL_ROUNDS"]
+__all__ = ["main", "build_parser", "run_points", "write_winners", "finalists", "pick_winner",
+           "FINAL_WITHIN", "FINAL_MAX", "FINAL_ROUNDS", "KEEP_MARGIN"]
 
 _SAMPLES = {"graph": 10, "eager": 6}
 
@@ -69,6 +72,8 @@ FINAL_WITHIN = 0.04
 FINAL_MAX = 4
 #: Interleaved re-timings of each finalist (each one a normal timing: ``_SAMPLES``).
 FINAL_ROUNDS = 3
+#: A finalist replaces the incumbent only when its median is faster by more than this.
+KEEP_MARGIN = 0.01
 
 
 def finalists(timed: list[tuple[float, object]], *, within: float = FINAL_WITHIN,
@@ -85,6 +90,17 @@ def finalists(timed: list[tuple[float, object]], *, within: float = FINAL_WITHIN
     ranked = sorted(best.items(), key=lambda kv: kv[1])
     bar = ranked[0][1] * (1.0 + within)
     return [cfg for cfg, us in ranked if us <= bar][:most]
+
+
+def pick_winner(final_us: dict, incumbent, *, margin: float = KEEP_MARGIN):
+    """The winning config of step 4's medians ``final_us`` (``{config: µs}``, not empty):
+    the fastest, unless ``incumbent`` is among them and the fastest is not faster than it by
+    more than ``margin`` (a fraction of the incumbent's µs), in which case the incumbent is
+    kept. Pure host code."""
+    win = min(final_us, key=final_us.__getitem__)
+    if incumbent in final_us and final_us[win] >= final_us[incumbent] * (1.0 - margin):
+        return incumbent
+    return win
 
 
 def _routings_for(tokens: int) -> int:
@@ -363,7 +379,7 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
                 rows.append((cfg.key(), us, "final: median of "
                              + " / ".join(f"{u:.1f}" for u in again[cfg])))
             if final_us:  # else every re-timing failed: steps 1-3's fastest stands
-                win = min(final_us, key=final_us.__getitem__)
+                win = pick_winner(final_us, pt.incumbent)
                 best[:] = [final_us[win], win]
         best_us, best_cfg = best
         eff = floor.us / best_us if best_cfg is not None else float("nan")

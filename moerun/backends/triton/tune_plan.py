@@ -254,27 +254,35 @@ def direct_candidates(tokens: int) -> list[ExpertsConfig]:
 FP8_WS_MIN_TPE = 64
 
 
-def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int) -> list[ExpertsConfig]:
+def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int,
+                      hidden: int) -> list[ExpertsConfig]:
     """The ``kernel="ws"`` configs (``fp8_ws.py``) an fp8 point times as whole calls, at
-    :data:`FP8_WS_MIN_TPE` rows per hit expert and more: the 64-column gate/up tile (the
-    intermediate quantized after) in its shipped form (4 stages each, ``group_m=8``) with
-    stage and grouping variants, and the 128-column one (two passes, quantized in the
-    epilogue) with 3 or 4 gate/up stages; 6 configs. Off sm90 they time the grouped kernels
-    with the same tiles (the fallback), so each fits its shared memory (no 5-stage 128-column
-    form: 246 KB there)."""
+    :data:`FP8_WS_MIN_TPE` rows per hit expert and more: the carried 128-column gate/up tile
+    (256 weight rows, quantized in the epilogue) with the carried 256-column down tile (3 or
+    4 stages, ``group_m`` 8 or 16, 3 gate/up stages) and with the promoted 128-column down
+    tile, and the promoted 64-column gate/up tile (the intermediate quantized after) with
+    either down; 8 configs (the 256-column downs become 128 where ``hidden % 256``, then
+    duplicates go). The winners of the same-run A/B of 2026-12-05 are among them. Off sm90
+    they time the grouped kernels with the same tiles (the fallback)."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
     if pairs / hit < FP8_WS_MIN_TPE:
         return []
     G, D = GateUpConfig, DownConfig
-    out = []
-    for cols, gu_st, dn_st, gm in ((64, 4, 4, 8), (64, 5, 5, 8), (64, 3, 4, 8), (64, 4, 4, 16),
-                                   (128, 4, 4, 8), (128, 3, 4, 8)):
-        out.append(ExpertsConfig(
+    out: list[ExpertsConfig] = []
+    for cols, gu_st, dn_cols, dn_st, gm in ((128, 4, 256, 3, 8), (128, 4, 256, 4, 8),
+                                            (128, 3, 256, 3, 8), (128, 4, 256, 3, 16),
+                                            (128, 4, 128, 4, 8), (128, 3, 128, 4, 8),
+                                            (64, 4, 128, 4, 8), (64, 4, 256, 3, 8)):
+        if hidden % dn_cols:
+            dn_cols, dn_st = 128, 4
+        cfg = ExpertsConfig(
             block_m=128, gate_up=G(block_n=cols, block_k=128, group_m=gm, num_warps=4,
                                    num_stages=gu_st),
-            down=D(block_n=128, block_k=128, group_m=gm, num_warps=4, num_stages=dn_st),
-            combine="reduce", kernel="ws"))
+            down=D(block_n=dn_cols, block_k=128, group_m=gm, num_warps=4, num_stages=dn_st),
+            combine="reduce", kernel="ws")
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 
@@ -425,7 +433,8 @@ def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch
             if fp8:
                 sets = fp8_candidates(shape.num_experts, shape.top_k, shape.hidden,
                                       shape.intermediate, t)
-                persistent = tuple(fp8_ws_candidates(shape.num_experts, shape.top_k, t))
+                persistent = tuple(fp8_ws_candidates(shape.num_experts, shape.top_k, t,
+                                                     shape.hidden))
             else:
                 persistent = tuple(persistent_candidates(shape.num_experts, shape.top_k, t,
                                                          elt))

@@ -1,0 +1,104 @@
+"""The pieces both families of warp-specialized Gluon fp8 kernels share (``fp8_ws.py``, the
+128-column tiles promoted per K step; ``fp8_ws_carry.py``, the 256-row weight tiles with a
+carried accumulator): the persistent tile order, the TMA loader partition, the padding
+consumer's stage release, the register split, and the host-side descriptor and SM count.
+
+Legend as ``fp8_ws.py``. The loader and the consumers meet in a ring of ``STAGES``
+shared-memory stages guarded by two mbarriers each (``ready``: the loader's TMA bytes
+arrived; ``empty``: both consumers released the stage)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+__all__ = ["LOAD_REGS", "MMA_REGS", "loader", "skip_steps", "sm_count", "tile_of", "tma_desc"]
+
+#: Registers per consumer thread (setmaxnreg) and per loader thread.
+MMA_REGS = gl.constexpr(232)
+LOAD_REGS = gl.constexpr(40)
+
+
+@gluon.jit
+def tile_of(t, grid_m, grid_n, GROUP_M: gl.constexpr):
+    """Persistent tile ``t`` -> ``(pid_m, pid_n)``: ``GROUP_M`` blocks share each run over
+    the N tiles, so their programs read the same weight tiles close in time (L2)."""
+    width = GROUP_M * grid_n
+    gid = t // width
+    size = gl.minimum(grid_m - gid * GROUP_M, GROUP_M)
+    return gid * GROUP_M + (t % size), (t % width) // size
+
+
+@gluon.jit
+def loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr, expert_ids_ptr,
+           num_post_ptr, num_pairs, grid_n, k_tiles, n_rows_per_expert, up_offset,
+           BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+           GATE_UP: gl.constexpr):
+    """TMA producer: per tile one run over K, each K step the block's two A halves (the
+    second only when it holds a pair) and the tile's weight rows (gate/up: BN gate rows and
+    the BN up rows ``up_offset`` further; down: BN rows). Shared by the 128-column kernels
+    here and the 256-column ones of ``fp8_ws_carry.py``."""
+    BMC: gl.constexpr = 128
+    HALFC: gl.constexpr = 64
+    A_BYTES: gl.constexpr = a_desc.block_type.nbytes
+    B_BYTES: gl.constexpr = (2 if GATE_UP else 1) * b_desc.block_type.nbytes
+    FULL: gl.constexpr = 2 * A_BYTES + B_BYTES
+    HALF_ONLY: gl.constexpr = A_BYTES + B_BYTES
+    grid_m = gl.load(num_post_ptr) // BMC
+    c = 0
+    for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
+        pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
+        expert = gl.load(expert_ids_ptr + pid_m)
+        off_m = pid_m * BMC
+        second = gl.load(sorted_ids_ptr + off_m + HALFC)
+        live = second < num_pairs  # rows 64..127 hold a pair (they fill from row 0)
+        dead = second >= num_pairs
+        off_w = expert * n_rows_per_expert + pid_n * BN
+        for i in range(k_tiles):
+            s = c % STAGES
+            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, FULL, pred=live)
+            mbarrier.expect(bar, HALF_ONLY, pred=dead)
+            tma.async_copy_global_to_shared(a_desc, [off_m, i * 128], bar, a_bufs.index(2 * s))
+            tma.async_copy_global_to_shared(a_desc, [off_m + HALFC, i * 128], bar,
+                                            a_bufs.index(2 * s + 1), pred=live)
+            if GATE_UP:  # one [2 BN, 128] buffer per stage: gate rows, then up rows
+                tma.async_copy_global_to_shared(b_desc, [off_w, i * 128], bar,
+                                                b_bufs.index(s).slice(0, BN))
+                tma.async_copy_global_to_shared(b_desc, [off_w + up_offset, i * 128], bar,
+                                                b_bufs.index(s).slice(BN, BN))
+            else:
+                tma.async_copy_global_to_shared(b_desc, [off_w, i * 128], bar, b_bufs.index(s))
+            c += 1
+
+
+@gluon.jit
+def skip_steps(ready, empty, c, steps, STAGES: gl.constexpr):
+    """A consumer whose 64 rows are all padding: release ``steps`` stages unread."""
+    for _ in range(steps):
+        s = c % STAGES
+        mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+        mbarrier.arrive(empty.index(s), count=1)
+        c += 1
+    return c
+
+
+def tma_desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor of the 2-D ``t`` (e4m3, bf16 or fp16) with box ``block`` and the
+    default NVMMA swizzle; host only, passed to the kernels by value."""
+    gdt = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+           torch.float16: gl.float16}[t.dtype]
+    return TensorDescriptor.from_tensor(t, block,
+                                        gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    """SMs of CUDA device ``index`` (the persistent grid), cached."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
