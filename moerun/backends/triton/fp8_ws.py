@@ -68,6 +68,7 @@ from moerun.backends.triton.fp8_ws_parts import (
     loader,
     skip_steps,
     sm_count,
+    stage_ring,
     tile_of,
     tma_desc,
 )
@@ -221,14 +222,8 @@ def _down_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sor
 def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr,
                     num_post_ptr, num_pairs, inter, hidden, stride_as, stride_wse, stride_wsn,
                     BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, 64, 128], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, 2 * BN, 128], b_desc.layout)
+    a_bufs, b_bufs, ready, empty = stage_ring(a_desc, b_desc, STAGES, 2 * BN)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, 64, BN], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
     grid_n = inter // BN
     k_tiles = hidden // 128
     inter_blocks = inter // 128
@@ -254,14 +249,8 @@ def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, sorted_ids_ptr, expe
 def _down_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_ptr,
                 expert_ids_ptr, num_post_ptr, hidden, inter, stride_as, stride_wse, stride_wsn,
                 num_pairs, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, 64, 128], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, 128], b_desc.layout)
+    a_bufs, b_bufs, ready, empty = stage_ring(a_desc, b_desc, STAGES, BN)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, 64, BN], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
     grid_n = hidden // BN
     k_tiles = inter // 128
     WG0: gl.constexpr = 0

@@ -48,6 +48,7 @@ from moerun.backends.triton.fp8_ws_parts import (
     MMA_REGS,
     loader,
     skip_steps,
+    stage_ring,
     tile_of,
 )
 from moerun.quant import AMAX_EPS, FP8_MAX
@@ -223,14 +224,8 @@ def gate_up_carry_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_
     out (``c_desc`` block ``[64, 128]``; ``b_desc`` block ``[128, 128]`` of ``w13`` viewed
     ``[S*2I, H]``). Grid: one program per SM."""
     BN: gl.constexpr = 128
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, 64, 128], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, 2 * BN, 128], b_desc.layout)
+    a_bufs, b_bufs, ready, empty = stage_ring(a_desc, b_desc, STAGES, 2 * BN)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, 64, BN], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
     grid_n = inter // BN
     k_tiles = hidden // 128
     inter_blocks = inter // 128
@@ -264,14 +259,8 @@ def down_carry_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr
     ``w2`` viewed ``[S*H, I]``). Grid: one program per SM."""
     BN: gl.constexpr = 256
     CN: gl.constexpr = 128 if SPLIT else 256
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, 64, 128], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, 128], b_desc.layout)
+    a_bufs, b_bufs, ready, empty = stage_ring(a_desc, b_desc, STAGES, BN)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, 64, CN], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
     grid_n = hidden // BN
     k_tiles = inter // 128
     WG0: gl.constexpr = 0

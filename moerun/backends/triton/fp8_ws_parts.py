@@ -17,11 +17,28 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["LOAD_REGS", "MMA_REGS", "loader", "skip_steps", "sm_count", "tile_of", "tma_desc"]
+__all__ = ["LOAD_REGS", "MMA_REGS", "loader", "skip_steps", "sm_count", "stage_ring", "tile_of",
+           "tma_desc"]
 
 #: Registers per consumer thread (setmaxnreg) and per loader thread.
 MMA_REGS = gl.constexpr(232)
 LOAD_REGS = gl.constexpr(40)
+
+
+@gluon.jit
+def stage_ring(a_desc, b_desc, STAGES: gl.constexpr, B_ROWS: gl.constexpr):
+    """The ring the loader and the two consumers share: per stage the block's two 64-row A
+    halves and ``B_ROWS`` weight rows (K 128 each), and the ``ready`` (one TMA arrival) and
+    ``empty`` (one release per consumer) mbarriers, initialised. Shared memory; returns
+    ``(a_bufs, b_bufs, ready, empty)``."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, 64, 128], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, B_ROWS, 128], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)
+    return a_bufs, b_bufs, ready, empty
 
 
 @gluon.jit
