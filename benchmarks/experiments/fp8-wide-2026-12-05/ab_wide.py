@@ -20,6 +20,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "ncu-2026-12-05"))
+from ab import _kernels, _timed  # noqa: E402 -- the ncu experiment's timers, same method
 
 CELLS = ["deepseek-v3:8192", "mixtral8x7b:8192", "qwen3-235b-a22b:8192", "qwen3-30b-a3b:8192",
          "mixtral8x7b:1024", "qwen3-235b-a22b:1024", "qwen3-30b-a3b:1024", "deepseek-v3:1024",
@@ -32,32 +34,6 @@ WIDE = {  # name: run_experts_fp8_wide keywords
     "w33": dict(gate_up_stages=3, down_stages=3),
     "w43g16": dict(gate_up_stages=4, down_stages=3, group_m=16),
 }
-
-
-def _timed(fn, n):
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return ts
-
-
-def _kernels(fn, calls=5):
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    tot = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            tot[ev.name[:40]] += ev.device_time_total
-    return {k: round(v / calls, 1) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:6]}
 
 
 def main() -> None:

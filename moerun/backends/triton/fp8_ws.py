@@ -43,9 +43,10 @@ The call (:func:`run_experts_fp8_ws`), 5 or 6 device steps, no host sync, captur
 
 A consumer whose 64 rows are all padding (an expert's last block holding at most 64 pairs)
 issues no wgmma and only releases the stages, and the loader copies no A rows for it.
-In the 128-column kernels each wgmma's C operand is the previous step's (already used)
-result, so ``use_acc=False`` costs no register copy. Needs CUDA sm90, ``H % 128 == 0`` and ``I % 128 == 0`` (checked by
-the fp8 path); the kernels compile on a CPU for sm90 (no interpreter runs them: GPU tests).
+In the promoted kernels (this module) each wgmma's C operand is the previous step's (already
+used) result, so ``use_acc=False`` costs no register copy. Needs CUDA sm90, ``H % 128 == 0``
+and ``I % 128 == 0`` (checked by the fp8 path); the kernels compile on a CPU for sm90 (no
+interpreter runs them: GPU tests).
 """
 
 from __future__ import annotations
@@ -88,7 +89,6 @@ __all__ = [
 WS_BLOCK_M = 128
 WS_GATE_UP_COLS = (64, 128)
 WS_DOWN_COLS = (128, 256)
-
 
 
 @gluon.jit
@@ -240,8 +240,8 @@ def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, sorted_ids_ptr, expe
                              k_tiles, stride_as, stride_wse, stride_wsn, inter_blocks, WG1, BN,
                              STAGES, GROUP_M)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
-                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
-                   BN, STAGES, GROUP_M, GU)),
+                  expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
+                  BN, STAGES, GROUP_M, GU)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])
 
 
@@ -266,8 +266,8 @@ def _down_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_
                           k_tiles, stride_as, stride_wse, stride_wsn, num_pairs, WG1, BN,
                           STAGES, GROUP_M)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
-                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
-                   STAGES, GROUP_M, GU)),
+                  expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
+                  STAGES, GROUP_M, GU)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])
 
 
@@ -283,12 +283,12 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     block scales; ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights
     [M, K]`` fp32 contiguous. ``gate_up_cols`` 64 or 128 and ``down_cols`` 128 or 256 pick
     the forms (module docstring; 256 needs ``H % 256 == 0``); stages at most
-    ``config_types.WS_MAX_STAGES`` of the tile's weight rows. Returns ``[M, H]`` ``out_dtype``. About a dozen
-    launches: the alignment (and its memset), the quantization unless given, the gathers and
-    their index math (torch, 5), gate/up, the intermediate's quantization (64 columns), down,
-    the sum; current stream; no host sync; capturable (the TMA descriptors are launch
-    arguments, by value). Shapes, dtypes, scale layouts and the knobs are checked first
-    (``fp8_checks``; ValueError naming the argument)."""
+    ``config_types.WS_MAX_STAGES`` of the tile's weight rows. Returns ``[M, H]``
+    ``out_dtype``. About a dozen launches: the alignment (and its memset), the quantization
+    unless given, the gathers and their index math (torch, 5), gate/up, the intermediate's
+    quantization (64 columns), down, the sum; current stream; no host sync; capturable (the
+    TMA descriptors are launch arguments, by value). Shapes, dtypes, scale layouts and the
+    knobs are checked first (``fp8_checks``; ValueError naming the argument)."""
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum
     from moerun.backends.triton.fp8_checks import check_w2_fp8, check_w13_fp8

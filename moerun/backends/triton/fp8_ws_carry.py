@@ -54,17 +54,11 @@ from moerun.backends.triton.fp8_ws_parts import (
 from moerun.quant import AMAX_EPS, FP8_MAX
 
 __all__ = [
-    "CARRY_DOWN_N",
-    "CARRY_GATE_UP_N",
     "SCALE_FLOOR",
     "down_carry_kernel",
     "gate_up_carry_kernel",
 ]
 
-#: Intermediate columns per gate/up tile (128 gate + 128 up weight rows) and hidden columns
-#: per down tile.
-CARRY_GATE_UP_N = 128
-CARRY_DOWN_N = 256
 #: Scale products below this are taken as it (see the module docstring).
 SCALE_FLOOR = 1e-30
 _FLOOR = gl.constexpr(SCALE_FLOOR)
@@ -244,8 +238,8 @@ def gate_up_carry_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_
                                    stride_wse, stride_wsn, stride_qs, inter_blocks, WG1,
                                    STAGES, GROUP_M, MID)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
-                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
-                   BN, STAGES, GROUP_M, GU)),
+                  expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
+                  BN, STAGES, GROUP_M, GU)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])
 
 
@@ -276,6 +270,6 @@ def down_carry_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr
                                 grid_n, k_tiles, stride_as, stride_wse, stride_wsn, num_pairs,
                                 WG1, STAGES, GROUP_M, SPLIT)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
-                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
-                   STAGES, GROUP_M, GU)),
+                  expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
+                  STAGES, GROUP_M, GU)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])

@@ -41,11 +41,11 @@ The fastest whole call (the fastest finalist where there are two or more) wins a
 the entry, except that an incumbent among the finalists is kept unless a challenger's median
 beats its median by more than :data:`KEEP_MARGIN` (:func:`pick_winner`): a 0.4 % "win" at a
 point where one config reads 1-3 % apart between timings is a flip on noise, and it would
-rewrite a measured entry for nothing; other entries in the file are kept, so tuning accumulates across sessions. All
-candidates are compiled up front in parallel worker processes (Triton's disk cache), since
-compiling dominates otherwise. The run stops starting new points once ``--budget-s`` is
-spent and writes what it has. ``--plan`` prints the points, candidate counts and target
-files without a GPU.
+rewrite a measured entry for nothing. Other entries in the file are kept, so tuning
+accumulates across sessions. All candidates are compiled up front in parallel worker
+processes (Triton's disk cache), since compiling dominates otherwise. The run stops starting
+new points once ``--budget-s`` is spent and writes what it has. ``--plan`` prints the
+points, candidate counts and target files without a GPU.
 """
 
 from __future__ import annotations
