@@ -14,7 +14,9 @@ __all__ = ["GateUpConfig", "DownConfig", "ExpertsConfig", "WS_MAX_STAGES"]
 
 #: ``kernel="ws"``: shared-memory stages at most, by weight rows per stage. A 256-row stage
 #: (gate/up 128 columns, down 256) is 48 KB, so 4 stages and the epilogue buffers take
-#: 208-224 KB of the 227 KB; a 128-row stage is 32 KB.
+#: 208-224 KB of the 227 KB and a fifth does not fit. A 128-row stage is 32 KB: 6 would fit
+#: (213 / 230 KB for the promoted gate/up / down, sm90 compile, tests/test_fp8_ws_compile.py);
+#: 5 is the most any tuned or timed ws config has used.
 WS_MAX_STAGES = {128: 5, 256: 4}
 
 

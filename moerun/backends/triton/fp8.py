@@ -346,7 +346,7 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     contiguous, ``cfg`` an fp8 config (``configs.fp8_default_config`` or a tuned fp8 file).
     Returns ``[M, H]`` in ``out_dtype``. 4 launches (alignment, gate/up, down, cast or sum;
     a ``kernel="direct"`` config: 2, ``fp8_direct.py``; ``kernel="ws"`` on sm90: the Gluon
-    kernels of ``fp8_ws.py``, about 12),
+    kernels of ``fp8_ws.py``, 7 to 9),
     plus the activation quantization for an unquantized ``x`` when ``cfg.block_m >=
     PREQUANT_BLOCK_M`` and the intermediate's quantization after a ``paired`` gate/up tile
     there; no host sync.

@@ -130,10 +130,13 @@ def _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p, us_p, k_tiles,
 
 
 @gluon.jit
-def _gate_up_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr,
-                      sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles,
-                      stride_as, stride_wse, stride_wsn, inter_blocks, W: gl.constexpr,
-                      BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+def _gate_up_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                      GROUP_M: gl.constexpr):
+    """Consumer warp group ``W`` of :func:`_gate_up_kernel` (``args``: that kernel's tuple,
+    the same for both groups)."""
+    (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr, sorted_ids_ptr,
+     expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, stride_as, stride_wse,
+     stride_wsn, inter_blocks) = args
     BMC: gl.constexpr = 128
     HALFC: gl.constexpr = 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -166,10 +169,13 @@ def _gate_up_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_p
 
 
 @gluon.jit
-def _down_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sorted_ids_ptr,
-                   as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, grid_n, k_tiles, stride_as,
-                   stride_wse, stride_wsn, num_pairs, W: gl.constexpr, BN: gl.constexpr,
-                   STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+def _down_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                   GROUP_M: gl.constexpr):
+    """Consumer warp group ``W`` of :func:`_down_kernel` (``args``: that kernel's tuple, the
+    same for both groups)."""
+    (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_ptr,
+     expert_ids_ptr, num_post_ptr, grid_n, k_tiles, stride_as, stride_wse, stride_wsn,
+     num_pairs) = args
     BMC: gl.constexpr = 128
     HALFC: gl.constexpr = 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -230,15 +236,12 @@ def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, sorted_ids_ptr, expe
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     GU: gl.constexpr = True
+    args = (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr, sorted_ids_ptr,
+            expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, stride_as, stride_wse,
+            stride_wsn, inter_blocks)
     gl.warp_specialize([
-        (_gate_up_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr,
-                             sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs, grid_n,
-                             k_tiles, stride_as, stride_wse, stride_wsn, inter_blocks, WG0, BN,
-                             STAGES, GROUP_M)),
-        (_gate_up_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr,
-                             sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs, grid_n,
-                             k_tiles, stride_as, stride_wse, stride_wsn, inter_blocks, WG1, BN,
-                             STAGES, GROUP_M)),
+        (_gate_up_consumer, (args, WG0, BN, STAGES, GROUP_M)),
+        (_gate_up_consumer, (args, WG1, BN, STAGES, GROUP_M)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
                   BN, STAGES, GROUP_M, GU)),
@@ -256,15 +259,12 @@ def _down_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     GU: gl.constexpr = False
+    args = (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sorted_ids_ptr, as_ptr,
+            ws_ptr, expert_ids_ptr, num_post_ptr, grid_n, k_tiles, stride_as, stride_wse,
+            stride_wsn, num_pairs)
     gl.warp_specialize([
-        (_down_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr,
-                          sorted_ids_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, grid_n,
-                          k_tiles, stride_as, stride_wse, stride_wsn, num_pairs, WG0, BN,
-                          STAGES, GROUP_M)),
-        (_down_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr,
-                          sorted_ids_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, grid_n,
-                          k_tiles, stride_as, stride_wse, stride_wsn, num_pairs, WG1, BN,
-                          STAGES, GROUP_M)),
+        (_down_consumer, (args, WG0, BN, STAGES, GROUP_M)),
+        (_down_consumer, (args, WG1, BN, STAGES, GROUP_M)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
                   STAGES, GROUP_M, GU)),
@@ -284,10 +284,11 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     [M, K]`` fp32 contiguous. ``gate_up_cols`` 64 or 128 and ``down_cols`` 128 or 256 pick
     the forms (module docstring; 256 needs ``H % 256 == 0``); stages at most
     ``config_types.WS_MAX_STAGES`` of the tile's weight rows. Returns ``[M, H]``
-    ``out_dtype``. About a dozen launches: the alignment (and its memset), the quantization
-    unless given, the gathers and their index math (torch, 5), gate/up, the intermediate's
-    quantization (64 columns), down, the sum; current stream; no host sync; capturable (the
-    TMA descriptors are launch arguments, by value). Shapes, dtypes, scale layouts and the
+    ``out_dtype``. 7 to 9 launches: the quantization unless given, the alignment (one kernel,
+    plus its counters' memset where it runs on several programs), the two gathers (codes,
+    scales), gate/up, the intermediate's quantization (64 columns only), down, the sum;
+    current stream; no host sync; capturable (the TMA descriptors are launch arguments, by
+    value). Shapes, dtypes, scale layouts and the
     knobs are checked first (``fp8_checks``; ValueError naming the argument)."""
     from moerun.backends.triton.align import moe_align
     from moerun.backends.triton.combine import moe_sum

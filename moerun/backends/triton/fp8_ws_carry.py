@@ -77,11 +77,13 @@ def _round_to(v, MID: gl.constexpr):
 
 
 @gluon.jit
-def _carried_k_loop(a_bufs, b_bufs, ready, empty, acc, c, sa_p, s0_p, s1_p, k_tiles,
+def _carried_k_loop(a_bufs, b_bufs, ready, empty, acc, c, sa_p, s0_p, s1_p, k_tiles, wt,
                     LO: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr):
-    """One tile's K loop: ``acc`` (``[64, 256]`` fp32, zero) ends as the raw sum in the last
-    step's scale units; returns it, the last step's two scale vectors (columns ``< LO`` scale
-    by ``s0``'s block, the rest by ``s1``'s) and the stage counter."""
+    """One tile's K loop: ``acc`` (``[64, 256]`` fp32, zero) is carried in each step's scale
+    units (columns ``< LO`` scale by ``s0``'s block, the rest by ``s1``'s) and, after the
+    last step, multiplied by that step's scales and, unless ``wt`` is None, by the per-row
+    factor ``wt [64]`` (down's routing weights) in the same multiply. Returns the block-scaled
+    product and the stage counter."""
     cols = gl.arange(0, 2 * LO, gl.SliceLayout(0, acc.type.layout))
     lo = gl.expand_dims(cols < LO, 0)
     sa = gl.load(sa_p)
@@ -107,15 +109,20 @@ def _carried_k_loop(a_bufs, b_bufs, ready, empty, acc, c, sa_p, s0_p, s1_p, k_ti
         p0 = c0
         p1 = c1
         c += 1
-    return acc, p0, p1, c
+    if wt is not None:
+        p0 = p0 * wt
+        p1 = p1 * wt
+    return acc * gl.where(lo, gl.expand_dims(p0, 1), gl.expand_dims(p1, 1)), c
 
 
 @gluon.jit
-def _gate_up_carry_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr,
-                            qs_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs,
-                            grid_n, k_tiles, stride_as, stride_wse, stride_wsn, stride_qs,
-                            inter_blocks, W: gl.constexpr, STAGES: gl.constexpr,
+def _gate_up_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr,
                             GROUP_M: gl.constexpr, MID: gl.constexpr):
+    """Consumer warp group ``W`` of :func:`gate_up_carry_kernel` (``args``: that kernel's
+    tuple, the same for both groups)."""
+    (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr, qs_ptr, sorted_ids_ptr,
+     expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, stride_as, stride_wse,
+     stride_wsn, stride_qs, inter_blocks) = args
     BMC: gl.constexpr = 128
     HALFC: gl.constexpr = 64
     BN: gl.constexpr = 128
@@ -132,13 +139,10 @@ def _gate_up_carry_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr
             rows = (off_m + gl.arange(0, HALFC, rows_l)).to(gl.int64)
             gs_p = ws_ptr + expert * stride_wse + pid_n * stride_wsn  # the gate block
             acc = gl.zeros([HALFC, 2 * BN], gl.float32, mma)
-            acc, pg, pu, c = _carried_k_loop(a_bufs, b_bufs, ready, empty, acc, c,
-                                             as_ptr + rows * stride_as, gs_p,
-                                             gs_p + inter_blocks * stride_wsn, k_tiles, BN, W,
-                                             STAGES)
-            cols = gl.arange(0, 2 * BN, gl.SliceLayout(0, mma))
-            acc = acc * gl.where(gl.expand_dims(cols < BN, 0), gl.expand_dims(pg, 1),
-                                 gl.expand_dims(pu, 1))
+            acc, c = _carried_k_loop(a_bufs, b_bufs, ready, empty, acc, c,
+                                     as_ptr + rows * stride_as, gs_p,
+                                     gs_p + inter_blocks * stride_wsn, k_tiles, None, BN, W,
+                                     STAGES)
             g, u = gl.split(gl.permute(gl.reshape(acc, [HALFC, 2, BN]), [0, 2, 1]))
             # silu(g) * u rounded to the activation dtype, then quantize_rows_fp8's definition
             act = _round_to(g / (1.0 + gl.exp(-g)) * u, MID)
@@ -156,11 +160,13 @@ def _gate_up_carry_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr
 
 
 @gluon.jit
-def _down_carry_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr,
-                         sorted_ids_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, grid_n,
-                         k_tiles, stride_as, stride_wse, stride_wsn, num_pairs,
-                         W: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+def _down_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                          SPLIT: gl.constexpr):
+    """Consumer warp group ``W`` of :func:`down_carry_kernel` (``args``: that kernel's tuple,
+    the same for both groups)."""
+    (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_ptr,
+     expert_ids_ptr, num_post_ptr, grid_n, k_tiles, stride_as, stride_wse, stride_wsn,
+     num_pairs) = args
     BMC: gl.constexpr = 128
     HALFC: gl.constexpr = 64
     BN: gl.constexpr = 256
@@ -180,13 +186,9 @@ def _down_carry_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_pt
             wt = gl.load(topk_w_ptr + pair, mask=pair < num_pairs, other=0.0)
             s0_p = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
             acc = gl.zeros([HALFC, BN], gl.float32, mma)
-            acc, p0, p1, c = _carried_k_loop(a_bufs, b_bufs, ready, empty, acc, c,
-                                             as_ptr + rows.to(gl.int64) * stride_as, s0_p,
-                                             s0_p + stride_wsn, k_tiles, 128, W, STAGES)
-            cols = gl.arange(0, BN, gl.SliceLayout(0, mma))
-            wv = gl.expand_dims(wt, 1)
-            acc = acc * gl.where(gl.expand_dims(cols < 128, 0), gl.expand_dims(p0, 1) * wv,
-                                 gl.expand_dims(p1, 1) * wv)
+            acc, c = _carried_k_loop(a_bufs, b_bufs, ready, empty, acc, c,
+                                     as_ptr + rows.to(gl.int64) * stride_as, s0_p,
+                                     s0_p + stride_wsn, k_tiles, wt, 128, W, STAGES)
             # rows in aligned order through TMA (padding rows: weight 0); moe_sum maps pairs
             cs = c_bufs.index(W)
             if SPLIT:  # two [64, 128] stores through one buffer (4 stages leave no room)
@@ -226,17 +228,12 @@ def gate_up_carry_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     GU: gl.constexpr = True
+    args = (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr, qs_ptr,
+            sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles,
+            stride_as, stride_wse, stride_wsn, stride_qs, inter_blocks)
     gl.warp_specialize([
-        (_gate_up_carry_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr,
-                                   ws_ptr, qs_ptr, sorted_ids_ptr, expert_ids_ptr,
-                                   num_post_ptr, num_pairs, grid_n, k_tiles, stride_as,
-                                   stride_wse, stride_wsn, stride_qs, inter_blocks, WG0,
-                                   STAGES, GROUP_M, MID)),
-        (_gate_up_carry_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr,
-                                   ws_ptr, qs_ptr, sorted_ids_ptr, expert_ids_ptr,
-                                   num_post_ptr, num_pairs, grid_n, k_tiles, stride_as,
-                                   stride_wse, stride_wsn, stride_qs, inter_blocks, WG1,
-                                   STAGES, GROUP_M, MID)),
+        (_gate_up_carry_consumer, (args, WG0, STAGES, GROUP_M, MID)),
+        (_gate_up_carry_consumer, (args, WG1, STAGES, GROUP_M, MID)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
                   BN, STAGES, GROUP_M, GU)),
@@ -260,15 +257,12 @@ def down_carry_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     GU: gl.constexpr = False
+    args = (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sorted_ids_ptr, as_ptr,
+            ws_ptr, expert_ids_ptr, num_post_ptr, grid_n, k_tiles, stride_as, stride_wse,
+            stride_wsn, num_pairs)
     gl.warp_specialize([
-        (_down_carry_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr,
-                                sorted_ids_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr,
-                                grid_n, k_tiles, stride_as, stride_wse, stride_wsn, num_pairs,
-                                WG0, STAGES, GROUP_M, SPLIT)),
-        (_down_carry_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr,
-                                sorted_ids_ptr, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr,
-                                grid_n, k_tiles, stride_as, stride_wse, stride_wsn, num_pairs,
-                                WG1, STAGES, GROUP_M, SPLIT)),
+        (_down_carry_consumer, (args, WG0, STAGES, GROUP_M, SPLIT)),
+        (_down_carry_consumer, (args, WG1, STAGES, GROUP_M, SPLIT)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
                   STAGES, GROUP_M, GU)),
