@@ -1,0 +1,156 @@
+"""Two open questions of the 2026-12-05 notes, answered by timing only (device script).
+
+1. ``layer``: in ``fp8-wide-2026-12-05/ab_wide.py`` the layer's fp8 call read 2-5 % slower
+   than the same ws kernels called directly (``run_experts_fp8_ws``). That script synced
+   before every call, so host issue time before the first big kernel counts; the bench times
+   calls back to back (``moerun.bench.timing.time_samples``), where it does not. Here both
+   forms are timed both ways, the order of the forms alternating between rounds, with each
+   form's host issue time (``host_issue_samples``). If the gap is host time, it shows in
+   the per-call-sync timer and the host column and not in the back-to-back one.
+2. ``clock``: mixtral8x7b T=1024 fp8 read 940 µs in the bench and 847 µs in the tune for the
+   same entry. The bench replays 10 routings per graph for 3 + 20 replays; the tune 4
+   routings for 2 + 10. Here the shipped entry is replayed in both settings, and at 4x the
+   bench's replays, in alternation, while ``nvidia-smi`` samples the SM clock (the caller
+   starts it; this script prints a UTC timestamp per phase to line the samples up).
+
+    PYTHONPATH=. python3 benchmarks/experiments/fp8-open-questions-2026-12-05/timing_check.py \
+        --out timing.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "ncu-2026-12-05"))
+from ab import _timed  # per-call synced event timer, the A/B's method
+
+LAYER_CELLS = ["qwen3-30b-a3b:8192", "mixtral8x7b:1024", "qwen3-235b-a22b:1024"]
+
+
+def _stamp() -> str:
+    return time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
+
+
+def _setup(name: str, t: int, calls: int, seed: int):
+    from moerun.backends.triton import TritonExperts
+    from moerun.bench.fp8 import fp8_weights
+    from moerun.bench.inputs import draw_routing
+    from moerun.bench.shapes import parse_shapes
+    from moerun.quant import ExpertQuant, QuantConfig
+
+    dev = torch.device("cuda")
+    shape = parse_shapes(name)[0]
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    w13, w2, s13, s2, d13, d2 = fp8_weights(shape, dev, gen, torch.bfloat16)
+    del d13, d2
+    torch.cuda.empty_cache()
+    x = torch.randn(t, shape.hidden, generator=gen, device=dev, dtype=torch.bfloat16)
+    routings = [draw_routing(t, shape.num_experts, shape.top_k, gen, dev) for _ in range(calls)]
+    eq = ExpertQuant(config=QuantConfig(), w13_scale=s13, w2_scale=s2, out_dtype=torch.bfloat16)
+    return TritonExperts(), shape, x, w13, w2, s13, s2, routings, eq
+
+
+def _layer_cell(cell: str, rounds: int, n: int):
+    """One cell of question 1: its record, or a string saying why it was skipped."""
+    from moerun.backends.triton.fp8_ws import run_experts_fp8_ws
+    from moerun.bench.fp8 import layer_fp8_call
+    from moerun.bench.timing import host_issue_samples, time_samples
+
+    name, t = cell.split(":")
+    t = int(t)
+    be, shape, x, w13, w2, s13, s2, routings, eq = _setup(name, t, 1, 0)
+    w, ids = routings[0]
+    cfg = be.fp8_config_for(shape.num_experts, shape.intermediate, shape.hidden, t,
+                            shape.top_k)
+    if cfg.kernel != "ws":
+        return f"skipped: the shipped entry is {cfg.kernel!r}, not ws"
+    kw = {"gate_up_cols": cfg.gate_up.block_n, "down_cols": cfg.down.block_n,
+          "gate_up_stages": cfg.gate_up.num_stages, "down_stages": cfg.down.num_stages,
+          "group_m": cfg.gate_up.group_m, "out_dtype": torch.bfloat16}
+    forms = {
+        "layer": lambda: layer_fp8_call(be, shape, x, w13, w2, w, ids, eq),
+        "direct": lambda: run_experts_fp8_ws(x, w13, w2, s13, s2, w, ids, **kw),
+    }
+    dev = torch.device("cuda")
+    rec = {"config": cfg.key(), "bit_equal": bool(torch.equal(forms["layer"](),
+                                                              forms["direct"]())),
+           "synced_us": {f: [] for f in forms}, "b2b_us": {f: [] for f in forms},
+           "host_us": {f: [] for f in forms}}
+    for r in range(rounds):
+        for f in (list(forms) if r % 2 == 0 else list(forms)[::-1]):
+            fn = forms[f]
+            rec["synced_us"][f] += _timed(fn, n)
+            rec["b2b_us"][f] += [s * 1e6 for s in time_samples(
+                lambda _i, fn=fn: fn(), dev, n, warmup=2)]
+            rec["host_us"][f] += [s * 1e6 for s in host_issue_samples(
+                lambda _i, fn=fn: fn(), dev, n, warmup=2)]
+    for key in ("synced_us", "b2b_us", "host_us"):
+        rec[key] = {f: round(statistics.median(v), 1) for f, v in rec[key].items()}
+    return rec
+
+
+def layer_question(cells: list[str], rounds: int, n: int) -> dict:
+    """Question 1 over ``cells`` (``name:T``)."""
+    out = {}
+    for cell in cells:
+        out[cell] = _layer_cell(cell, rounds, n)
+        print("layer", cell, json.dumps(out[cell]), flush=True)
+        torch.cuda.empty_cache()
+    return out
+
+
+def clock_question(rounds: int) -> dict:
+    from moerun.bench.fp8 import layer_fp8_call
+    from moerun.bench.timing import time_graph_replay
+
+    be, shape, x, w13, w2, _, _, routings, eq = _setup("mixtral8x7b", 1024, 10, 0)
+    settings = {  # name: (routings per graph, timed replays, warm-up replays)
+        "tune": (4, 10, 2), "bench": (10, 20, 3), "bench_x4": (10, 80, 3)}
+    rec = {"config": be.fp8_config_for(8, shape.intermediate, shape.hidden, 1024, 2).key(),
+           "us": {k: [] for k in settings}, "phases": []}
+    for _ in range(rounds):
+        for name, (calls, samples, warm) in settings.items():
+            fns = [lambda w=w, ids=ids: layer_fp8_call(be, shape, x, w13, w2, w, ids, eq)
+                   for w, ids in routings[:calls]]
+            t0 = _stamp()
+            per_call = time_graph_replay(lambda i, fns=fns: fns[i](), calls, samples,
+                                         warmup=warm)
+            rec["phases"].append([name, t0, _stamp()])
+            rec["us"][name].append(round(statistics.median(per_call) * 1e6, 1))
+            time.sleep(0.5)
+    rec["median_us"] = {k: statistics.median(v) for k, v in rec["us"].items()}
+    # the same 4 routings the tune-like setting used, each routing's tiles of 128 rows
+    tiles = []
+    for _, ids in routings:
+        n = torch.bincount(ids.flatten().long(), minlength=8)
+        tiles.append(int(((n + 127) // 128).sum()))
+    rec["tiles_per_routing"] = tiles
+    print("clock", json.dumps(rec), flush=True)
+    return rec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cells", default=",".join(LAYER_CELLS))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--n", type=int, default=10)
+    args = ap.parse_args()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    res["layer"] = layer_question(args.cells.split(","), args.rounds, args.n)
+    res["clock"] = clock_question(args.rounds)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
