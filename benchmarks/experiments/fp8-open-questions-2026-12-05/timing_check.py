@@ -12,6 +12,10 @@
    routings for 2 + 10. Here the shipped entry is replayed in both settings, and at 4x the
    bench's replays, in alternation, while ``nvidia-smi`` samples the SM clock (the caller
    starts it; this script prints a UTC timestamp per phase to line the samples up).
+3. ``decode``: qwen3-30b T=1 fp8 is the matrix's lowest cell (21.1 µs against an 8.5 µs
+   floor; bf16 24.6 µs). Per form (the layer's fp8 call, bf16 on the dequantized weights),
+   the graph-replay time per call against the per-kernel device time of the same captured
+   calls (profiler over replays): kernel time or the gaps between kernels?
 
     PYTHONPATH=. python3 benchmarks/experiments/fp8-open-questions-2026-12-05/timing_check.py \
         --out timing.json
@@ -30,7 +34,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "ncu-2026-12-05"))
-from ab import _timed  # per-call synced event timer, the A/B's method
+from ab import _kernels, _timed  # the A/B's timers: per-call synced events, profiler
 
 LAYER_CELLS = ["qwen3-30b-a3b:8192", "mixtral8x7b:1024", "qwen3-235b-a22b:1024"]
 
@@ -137,17 +141,78 @@ def clock_question(rounds: int) -> dict:
     return rec
 
 
+def _decode_cell(cell: str, calls: int) -> dict:
+    """One cell of question 4 (``name:T``): per form, the replay time per call, the
+    per-kernel device time per call, and the difference (launch gaps)."""
+    from moerun.backends.triton import TritonExperts
+    from moerun.bench.fp8 import fp8_weights, layer_fp8_call
+    from moerun.bench.inputs import draw_routing
+    from moerun.bench.shapes import parse_shapes
+    from moerun.bench.timing import time_graph_replay
+    from moerun.quant import ExpertQuant, QuantConfig
+
+    dev = torch.device("cuda")
+    name, t = cell.split(":")
+    t = int(t)
+    shape = parse_shapes(name)[0]
+    gen = torch.Generator(device=dev).manual_seed(0)
+    w13, w2, s13, s2, d13, d2 = fp8_weights(shape, dev, gen, torch.bfloat16)
+    x = torch.randn(t, shape.hidden, generator=gen, device=dev, dtype=torch.bfloat16)
+    routings = [draw_routing(t, shape.num_experts, shape.top_k, gen, dev) for _ in range(calls)]
+    eq = ExpertQuant(config=QuantConfig(), w13_scale=s13, w2_scale=s2, out_dtype=torch.bfloat16)
+    be = TritonExperts()
+    forms = {
+        "fp8": [lambda w=w, ids=ids: layer_fp8_call(be, shape, x, w13, w2, w, ids, eq)
+                for w, ids in routings],
+        "bf16": [lambda w=w, ids=ids: be.run_experts(x, d13, d2, w, ids) for w, ids in routings],
+    }
+    rec = {}
+    for f, fns in forms.items():
+        replay_us = statistics.median(time_graph_replay(
+            lambda i, fns=fns: fns[i](), calls, 50, warmup=3)) * 1e6
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for fn in fns:
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in fns:
+                fn()
+        kern = {k: round(v / calls, 2) for k, v in _kernels(graph.replay, calls=10).items()}
+        graph.reset()
+        rec[f] = {"replay_us_per_call": round(replay_us, 2), "kernels_us_per_call": kern,
+                  "gaps_us_per_call": round(replay_us - sum(kern.values()), 2)}
+    return rec
+
+
+def decode_question(cells: list[str], calls: int) -> dict:
+    """Question 4: where a decode call's graph-replay time goes -- per-kernel device time of
+    the captured calls (profiler over replays) against the replay time per call; the rest is
+    launch gaps. fp8 (the layer's call) and bf16 (dequantized weights) at each cell."""
+    out = {}
+    for cell in cells:
+        out[cell] = _decode_cell(cell, calls)
+        print("decode", cell, json.dumps(out[cell]), flush=True)
+        torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cells", default=",".join(LAYER_CELLS))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--decode", default="qwen3-30b-a3b:1,deepseek-v3:1,qwen3-30b-a3b:16")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     res["layer"] = layer_question(args.cells.split(","), args.rounds, args.n)
     res["clock"] = clock_question(args.rounds)
+    res["decode"] = decode_question(args.decode.split(","), 10)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 
