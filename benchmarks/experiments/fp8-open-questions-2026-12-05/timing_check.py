@@ -1,18 +1,21 @@
-"""Two open questions of the 2026-12-05 notes, answered by timing only (device script).
+"""Questions 2-4 of this folder's README, answered by timing only (device script).
 
-1. ``layer``: in ``fp8-wide-2026-12-05/ab_wide.py`` the layer's fp8 call read 2-5 % slower
+2. ``layer``: in ``fp8-wide-2026-12-05/ab_wide.py`` the layer's fp8 call read 2-5 % slower
    than the same ws kernels called directly (``run_experts_fp8_ws``). That script synced
    before every call, so host issue time before the first big kernel counts; the bench times
    calls back to back (``moerun.bench.timing.time_samples``), where it does not. Here both
-   forms are timed both ways, the order of the forms alternating between rounds, with each
-   form's host issue time (``host_issue_samples``). If the gap is host time, it shows in
-   the per-call-sync timer and the host column and not in the back-to-back one.
-2. ``clock``: mixtral8x7b T=1024 fp8 read 940 µs in the bench and 847 µs in the tune for the
+   forms and the bf16 call on the dequantized weights are timed both ways, the order
+   alternating between rounds, with each form's host issue time (``host_issue_samples``)
+   and the layer call's per-kernel device time. If the gap is host time, it shows in the
+   per-call-sync timer and the host column and not in the back-to-back one. The two
+   qwen3-235b-ep8-local cells (grouped entries; fp8 196.5 µs against bf16 193.5 at T=256 in
+   the last matrix) ask whether a small eager fp8 call is bound by its host time.
+3. ``clock``: mixtral8x7b T=1024 fp8 read 940 µs in the bench and 847 µs in the tune for the
    same entry. The bench replays 10 routings per graph for 3 + 20 replays; the tune 4
    routings for 2 + 10. Here the shipped entry is replayed in both settings, and at 4x the
    bench's replays, in alternation, while ``nvidia-smi`` samples the SM clock (the caller
    starts it; this script prints a UTC timestamp per phase to line the samples up).
-3. ``decode``: qwen3-30b T=1 fp8 is the matrix's lowest cell (21.1 µs against an 8.5 µs
+4. ``decode``: qwen3-30b T=1 fp8 is the matrix's lowest cell (21.1 µs against an 8.5 µs
    floor; bf16 24.6 µs). Per form (the layer's fp8 call, bf16 on the dequantized weights),
    the graph-replay time per call against the per-kernel device time of the same captured
    calls (profiler over replays): kernel time or the gaps between kernels?
@@ -36,14 +39,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "ncu-2026-12-05"))
 from ab import _kernels, _timed  # the A/B's timers: per-call synced events, profiler
 
-LAYER_CELLS = ["qwen3-30b-a3b:8192", "mixtral8x7b:1024", "qwen3-235b-a22b:1024"]
+LAYER_CELLS = ["qwen3-30b-a3b:8192", "mixtral8x7b:1024", "qwen3-235b-a22b:1024",
+               "qwen3-235b-ep8-local:256", "qwen3-235b-ep8-local:2048"]
 
 
 def _stamp() -> str:
     return time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
 
 
-def _setup(name: str, t: int, calls: int, seed: int):
+def _setup(name: str, t: int, calls: int, seed: int, *, dequantized: bool = False):
     from moerun.backends.triton import TritonExperts
     from moerun.bench.fp8 import fp8_weights
     from moerun.bench.inputs import draw_routing
@@ -54,55 +58,57 @@ def _setup(name: str, t: int, calls: int, seed: int):
     shape = parse_shapes(name)[0]
     gen = torch.Generator(device=dev).manual_seed(seed)
     w13, w2, s13, s2, d13, d2 = fp8_weights(shape, dev, gen, torch.bfloat16)
-    del d13, d2
-    torch.cuda.empty_cache()
+    if not dequantized:
+        d13 = d2 = None
+        torch.cuda.empty_cache()
     x = torch.randn(t, shape.hidden, generator=gen, device=dev, dtype=torch.bfloat16)
     routings = [draw_routing(t, shape.num_experts, shape.top_k, gen, dev) for _ in range(calls)]
     eq = ExpertQuant(config=QuantConfig(), w13_scale=s13, w2_scale=s2, out_dtype=torch.bfloat16)
-    return TritonExperts(), shape, x, w13, w2, s13, s2, routings, eq
+    return TritonExperts(), shape, x, (w13, w2, s13, s2, d13, d2), routings, eq
 
 
-def _layer_cell(cell: str, rounds: int, n: int):
-    """One cell of question 1: its record, or a string saying why it was skipped."""
+def _layer_cell(cell: str, rounds: int, n: int) -> dict:
+    """One cell of question 2: the layer's fp8 call, the same ws kernels called directly (ws
+    entries only) and the bf16 call on the dequantized weights, each timed per-call synced,
+    back to back and as host issue time; per-kernel device time of the layer's call."""
     from moerun.backends.triton.fp8_ws import run_experts_fp8_ws
     from moerun.bench.fp8 import layer_fp8_call
     from moerun.bench.timing import host_issue_samples, time_samples
 
     name, t = cell.split(":")
     t = int(t)
-    be, shape, x, w13, w2, s13, s2, routings, eq = _setup(name, t, 1, 0)
+    be, shape, x, (w13, w2, s13, s2, d13, d2), routings, eq = _setup(name, t, 1, 0,
+                                                                      dequantized=True)
     w, ids = routings[0]
     cfg = be.fp8_config_for(shape.num_experts, shape.intermediate, shape.hidden, t,
                             shape.top_k)
-    if cfg.kernel != "ws":
-        return f"skipped: the shipped entry is {cfg.kernel!r}, not ws"
-    kw = {"gate_up_cols": cfg.gate_up.block_n, "down_cols": cfg.down.block_n,
-          "gate_up_stages": cfg.gate_up.num_stages, "down_stages": cfg.down.num_stages,
-          "group_m": cfg.gate_up.group_m, "out_dtype": torch.bfloat16}
-    forms = {
-        "layer": lambda: layer_fp8_call(be, shape, x, w13, w2, w, ids, eq),
-        "direct": lambda: run_experts_fp8_ws(x, w13, w2, s13, s2, w, ids, **kw),
-    }
+    forms = {"layer": lambda: layer_fp8_call(be, shape, x, w13, w2, w, ids, eq),
+             "bf16": lambda: be.run_experts(x, d13, d2, w, ids)}
+    rec = {"config": cfg.key()}
+    if cfg.kernel == "ws":
+        kw = {"gate_up_cols": cfg.gate_up.block_n, "down_cols": cfg.down.block_n,
+              "gate_up_stages": cfg.gate_up.num_stages, "down_stages": cfg.down.num_stages,
+              "group_m": cfg.gate_up.group_m, "out_dtype": torch.bfloat16}
+        forms["direct"] = lambda: run_experts_fp8_ws(x, w13, w2, s13, s2, w, ids, **kw)
+        rec["bit_equal"] = bool(torch.equal(forms["layer"](), forms["direct"]()))
     dev = torch.device("cuda")
-    rec = {"config": cfg.key(), "bit_equal": bool(torch.equal(forms["layer"](),
-                                                              forms["direct"]())),
-           "synced_us": {f: [] for f in forms}, "b2b_us": {f: [] for f in forms},
-           "host_us": {f: [] for f in forms}}
+    times = {k: {f: [] for f in forms} for k in ("synced_us", "b2b_us", "host_us")}
     for r in range(rounds):
         for f in (list(forms) if r % 2 == 0 else list(forms)[::-1]):
             fn = forms[f]
-            rec["synced_us"][f] += _timed(fn, n)
-            rec["b2b_us"][f] += [s * 1e6 for s in time_samples(
+            times["synced_us"][f] += _timed(fn, n)
+            times["b2b_us"][f] += [s * 1e6 for s in time_samples(
                 lambda _i, fn=fn: fn(), dev, n, warmup=2)]
-            rec["host_us"][f] += [s * 1e6 for s in host_issue_samples(
+            times["host_us"][f] += [s * 1e6 for s in host_issue_samples(
                 lambda _i, fn=fn: fn(), dev, n, warmup=2)]
-    for key in ("synced_us", "b2b_us", "host_us"):
-        rec[key] = {f: round(statistics.median(v), 1) for f, v in rec[key].items()}
+    for key, per_form in times.items():
+        rec[key] = {f: round(statistics.median(v), 1) for f, v in per_form.items()}
+    rec["layer_kernels_us"] = _kernels(forms["layer"])
     return rec
 
 
 def layer_question(cells: list[str], rounds: int, n: int) -> dict:
-    """Question 1 over ``cells`` (``name:T``)."""
+    """Question 2 over ``cells`` (``name:T``)."""
     out = {}
     for cell in cells:
         out[cell] = _layer_cell(cell, rounds, n)
@@ -115,7 +121,7 @@ def clock_question(rounds: int) -> dict:
     from moerun.bench.fp8 import layer_fp8_call
     from moerun.bench.timing import time_graph_replay
 
-    be, shape, x, w13, w2, _, _, routings, eq = _setup("mixtral8x7b", 1024, 10, 0)
+    be, shape, x, (w13, w2, *_), routings, eq = _setup("mixtral8x7b", 1024, 10, 0)
     settings = {  # name: (routings per graph, timed replays, warm-up replays)
         "tune": (4, 10, 2), "bench": (10, 20, 3), "bench_x4": (10, 80, 3)}
     rec = {"config": be.fp8_config_for(8, shape.intermediate, shape.hidden, 1024, 2).key(),
