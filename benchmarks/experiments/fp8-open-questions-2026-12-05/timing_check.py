@@ -104,7 +104,27 @@ def _layer_cell(cell: str, rounds: int, n: int) -> dict:
     for key, per_form in times.items():
         rec[key] = {f: round(statistics.median(v), 1) for f, v in per_form.items()}
     rec["layer_kernels_us"] = _kernels(forms["layer"])
+    rec["layer_host_profile"] = _host_profile(forms["layer"])
     return rec
+
+
+def _host_profile(fn, calls: int = 50, top: int = 14) -> list[str]:
+    """cProfile of ``calls`` calls of ``fn`` (device synced before, not between): the
+    functions with the most cumulative host time, as ``µs per call  name``."""
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][3])[:top]  # (cc, nc, tt, ct, ..)
+    return [f"{v[3] / calls * 1e6:8.1f} us  {k[2]} ({os.path.basename(k[0])}:{k[1]})"
+            for k, v in rows]
 
 
 def layer_question(cells: list[str], rounds: int, n: int) -> dict:
