@@ -143,3 +143,29 @@ def test_the_128_row_cap_leaves_one_stage_of_room(form):
     cap = _max_stages()[form]
     assert _compile(*_build(form, cap + 1)).metadata.shared <= HOPPER_SMEM
     assert _compile(*_build(form, cap + 2)).metadata.shared > HOPPER_SMEM
+
+
+@pytest.mark.parametrize("dtype,block", [(F8, [64, 128]), (F8, [128, 128]), (F8, [256, 128]),
+                                         (torch.bfloat16, [64, 64]),
+                                         (torch.bfloat16, [64, 128]),
+                                         (torch.bfloat16, [64, 256]),
+                                         (torch.float16, [64, 128])])
+def test_tma_desc_is_tritons_descriptor_with_its_default_layout(dtype, block):
+    """``fp8_ws_parts.tma_desc`` caches the shared layout per box and dtype: the descriptor
+    must be what Triton's own constructors give for the tensor."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from moerun.backends.triton.fp8_ws_parts import tma_desc
+
+    gdt = {F8: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    t = torch.empty(512, 1024, dtype=torch.uint8).view(F8) if dtype == F8 else \
+        torch.empty(512, 1024, dtype=dtype)
+    for view in (t, t[128:384]):  # a second base pointer and shape through the same cache
+        want = TensorDescriptor.from_tensor(
+            view, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+        got = tma_desc(view, block)
+        assert got.base is view
+        assert (list(got.shape), list(got.strides), list(got.block_shape)) == \
+            (list(want.shape), list(want.strides), list(want.block_shape))
+        assert got.layout == want.layout

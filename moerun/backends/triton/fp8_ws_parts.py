@@ -106,13 +106,23 @@ def skip_steps(ready, empty, c, steps, STAGES: gl.constexpr):
     return c
 
 
+_GL_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+              torch.float16: gl.float16}
+
+
+@functools.cache
+def _smem_layout(block: tuple[int, ...], dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """Triton's default NVMMA shared layout of a ``block`` box of ``dtype``: a pure function
+    of its arguments, cached because computing it is most of a descriptor's host time (a ws
+    call builds six descriptors)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
+
+
 def tma_desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     """A TMA descriptor of the 2-D ``t`` (e4m3, bf16 or fp16) with box ``block`` and the
-    default NVMMA swizzle; host only, passed to the kernels by value."""
-    gdt = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
-           torch.float16: gl.float16}[t.dtype]
-    return TensorDescriptor.from_tensor(t, block,
-                                        gl.NVMMASharedLayout.get_default_for(block, gdt))
+    default NVMMA swizzle; host only (the layout cached per box and dtype), passed to the
+    kernels by value."""
+    return TensorDescriptor.from_tensor(t, block, _smem_layout(tuple(block), t.dtype))
 
 
 @functools.cache
