@@ -157,7 +157,7 @@ def clock_question(rounds: int) -> dict:
             rec["us"][name].append(round(statistics.median(per_call) * 1e6, 1))
             time.sleep(0.5)
     rec["median_us"] = {k: statistics.median(v) for k, v in rec["us"].items()}
-    # the same 4 routings the tune-like setting used, each routing's tiles of 128 rows
+    # each routing's 128-row tiles (the tune-like setting replays the first 4, the others 10)
     tiles = []
     for _, ids in routings:
         n = torch.bincount(ids.flatten().long(), minlength=8)
@@ -229,16 +229,22 @@ def decode_question(cells: list[str], calls: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="layer,clock,decode", help="which questions to run")
     ap.add_argument("--cells", default=",".join(LAYER_CELLS))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--decode", default="qwen3-30b-a3b:1,deepseek-v3:1,qwen3-30b-a3b:16")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    res["layer"] = layer_question(args.cells.split(","), args.rounds, args.n)
-    res["clock"] = clock_question(args.rounds)
-    res["decode"] = decode_question(args.decode.split(","), 10)
+           "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+           "MOERUN_PDL": os.environ.get("MOERUN_PDL", "")}
+    if "layer" in only:
+        res["layer"] = layer_question(args.cells.split(","), args.rounds, args.n)
+    if "clock" in only:
+        res["clock"] = clock_question(args.rounds)
+    if "decode" in only:
+        res["decode"] = decode_question(args.decode.split(","), 10)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 
