@@ -1,9 +1,12 @@
 """The Gluon fp8 ws kernels (``fp8_ws.py``, ``fp8_ws_carry.py``) compiled for sm90 on the CPU
 with Triton's own ptxas: every form a config can select builds, fits an H100/H200 block's
-shared memory, spills no register and issues the wgmma shape its tile needs; one stage past
-``config_types.WS_MAX_STAGES`` (and the carried down's full store at 4 stages, which the run
-function splits) does not fit. So a kernel edit made where no GPU is at hand is checked this
-far on every CI run; ``test_fp8_ws.py``'s GPU tests run the kernels."""
+shared memory, spills no register and issues the wgmma shape its tile needs. One stage past
+``config_types.WS_MAX_STAGES`` of the 256-row tiles (and the carried down's full store at 4
+stages, which the run function splits) does not fit; the 128-row cap leaves one stage of
+room. So a kernel edit made where no GPU is at hand is checked this far on every CI run;
+``test_fp8_ws.py``'s GPU tests run the kernels. The compile goes through Triton 3.6's
+compiler entry points (the dev extra pins that version); ``fp8_ws_parts.tma_desc``'s
+descriptors are checked against Triton's own constructors at the end."""
 
 from __future__ import annotations
 
