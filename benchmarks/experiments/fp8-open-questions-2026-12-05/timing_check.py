@@ -170,23 +170,12 @@ def clock_question(rounds: int) -> dict:
 def _decode_cell(cell: str, calls: int) -> dict:
     """One cell of question 4 (``name:T``): per form, the replay time per call, the
     per-kernel device time per call, and the difference (launch gaps)."""
-    from moerun.backends.triton import TritonExperts
-    from moerun.bench.fp8 import fp8_weights, layer_fp8_call
-    from moerun.bench.inputs import draw_routing
-    from moerun.bench.shapes import parse_shapes
+    from moerun.bench.fp8 import layer_fp8_call
     from moerun.bench.timing import time_graph_replay
-    from moerun.quant import ExpertQuant, QuantConfig
 
-    dev = torch.device("cuda")
     name, t = cell.split(":")
-    t = int(t)
-    shape = parse_shapes(name)[0]
-    gen = torch.Generator(device=dev).manual_seed(0)
-    w13, w2, s13, s2, d13, d2 = fp8_weights(shape, dev, gen, torch.bfloat16)
-    x = torch.randn(t, shape.hidden, generator=gen, device=dev, dtype=torch.bfloat16)
-    routings = [draw_routing(t, shape.num_experts, shape.top_k, gen, dev) for _ in range(calls)]
-    eq = ExpertQuant(config=QuantConfig(), w13_scale=s13, w2_scale=s2, out_dtype=torch.bfloat16)
-    be = TritonExperts()
+    be, shape, x, (w13, w2, _, _, d13, d2), routings, eq = _setup(name, int(t), calls, 0,
+                                                                  dequantized=True)
     forms = {
         "fp8": [lambda w=w, ids=ids: layer_fp8_call(be, shape, x, w13, w2, w, ids, eq)
                 for w, ids in routings],
