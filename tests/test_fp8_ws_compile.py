@@ -10,54 +10,20 @@ descriptors are checked against Triton's own constructors at the end."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
 import torch
 
 gluon = pytest.importorskip("triton.experimental.gluon")
 
+from tests.sm90 import compile_sm90, ptxas_report  # noqa: E402
+
 #: ``cudaDevAttrMaxSharedMemoryPerBlockOptin`` of an H100 / H200 (227 KB).
 HOPPER_SMEM = 232448
 
 F8 = torch.float8_e4m3fn
 S, H, INTER, R, P = 8, 1024, 512, 1024, 512  # sizes only shape the descriptors
-
-
-def _compile(fn, args):
-    """``fn[grid](*args)``'s compile for sm90 (no launch, no GPU): the CompiledKernel."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import compile as tcompile
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound, spec, opts = binder(*args, num_warps=4)
-    options, signature, constexprs, attrs = fn._pack_args(backend, {"num_warps": 4}, bound,
-                                                          spec, opts)
-    return tcompile(GluonASTSource(fn, signature, constexprs, attrs), target=target,
-                    options=options.__dict__)
-
-
-def _spill_bytes(ptx: str, tmp_path) -> int:
-    """Spill store bytes ptxas reports for ``ptx`` (sm_90a)."""
-    from triton.backends.nvidia import compiler as nvc
-
-    src = os.path.join(tmp_path, "k.ptx")
-    with open(src, "w") as f:
-        f.write(ptx)
-    r = subprocess.run([nvc.get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o",
-                        os.path.join(tmp_path, "k.o")], capture_output=True, text=True,
-                       check=False)
-    assert r.returncode == 0, r.stderr[-500:]
-    found = re.findall(r"(\d+) bytes spill stores", r.stderr)
-    assert found, r.stderr[-500:]
-    return sum(int(x) for x in found)
 
 
 def _codes(*size):
@@ -120,7 +86,7 @@ WGMMA = {"promoted_gate_up": "m64n128k32.f32.e4m3.e4m3",
 @pytest.mark.parametrize("form", sorted(WGMMA))
 def test_ws_form_builds_for_sm90_at_its_most_stages(form, tmp_path):
     stages = _max_stages()[form]
-    kernel = _compile(*_build(form, stages))
+    kernel = compile_sm90(*_build(form, stages))
     ptx = kernel.asm["ptx"]
     assert kernel.metadata.shared <= HOPPER_SMEM, (form, stages, kernel.metadata.shared)
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+)", ptx))
@@ -128,14 +94,14 @@ def test_ws_form_builds_for_sm90_at_its_most_stages(form, tmp_path):
     # the loader warp gives registers away, the consumers take them (warp specialization)
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)
     assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+232;", ptx)
-    assert _spill_bytes(ptx, tmp_path) == 0
+    assert ptxas_report(ptx, tmp_path)[1] == 0
 
 
 @pytest.mark.parametrize("form", ["carried_gate_up", "carried_down_split", "carried_down_full"])
 def test_one_stage_more_does_not_fit_a_256_row_tile(form):
     """The 256-row tiles' cap (and the full store's 3) is the shared-memory limit: one more
     stage is past it."""
-    kernel = _compile(*_build(form, _max_stages()[form] + 1))
+    kernel = compile_sm90(*_build(form, _max_stages()[form] + 1))
     assert kernel.metadata.shared > HOPPER_SMEM, (form, kernel.metadata.shared)
 
 
@@ -144,8 +110,8 @@ def test_the_128_row_cap_leaves_one_stage_of_room(form):
     """``WS_MAX_STAGES[128]`` is a choice below the limit (config_types): a sixth 32 KB stage
     fits, a seventh does not."""
     cap = _max_stages()[form]
-    assert _compile(*_build(form, cap + 1)).metadata.shared <= HOPPER_SMEM
-    assert _compile(*_build(form, cap + 2)).metadata.shared > HOPPER_SMEM
+    assert compile_sm90(*_build(form, cap + 1)).metadata.shared <= HOPPER_SMEM
+    assert compile_sm90(*_build(form, cap + 2)).metadata.shared > HOPPER_SMEM
 
 
 @pytest.mark.parametrize("dtype,block", [(F8, [64, 128]), (F8, [128, 128]), (F8, [256, 128]),
