@@ -8,11 +8,15 @@ rows quantized first):
 
 1. ``sweep``: every direct candidate of ``moerun tune`` (``direct_candidates`` /
    ``fp8_direct_candidates``) at prefetch 0, 1 and 2, one median each;
-2. ``ab``: the shipped entry's tile and the sweep's best tile, each at prefetch 0, 1 and 2,
+2. ``ab``: the shipped entry's tile (if direct) and the sweep's best tile, each at prefetch
+   0, 1 and 2,
    interleaved over ``--rounds`` rounds (a median per round; the order rotates);
 3. ``equal``: for each A/B tile, whether the three modes' outputs are bit-equal, and the
    relative error of the mode-0 output against the fp32 reference (bf16) or DESIGN 11a's
-   (fp8).
+   (fp8);
+4. ``kernels``: for each A/B config, the per-kernel device time of eager calls (torch
+   profiler, µs per call; with PDL a kernel's time includes its wait for the previous one),
+   which says whether the down launch got faster and the gate/up one slower.
 
 ``plan`` records, per mode, whether ``prefetch_plan`` turned the prefetch on for the call
 (off past half the L2). Floors are ``moerun bench``'s (measured ceilings of this run).
@@ -26,10 +30,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "ncu-2026-12-05"))
+from ab import _kernels  # noqa: E402  (the per-kernel profiler of the ncu experiment's A/B)
 
 MODES = (0, 1, 2)
 
@@ -102,7 +112,9 @@ def _cell(name: str, t: int, dtype: str, calls: int, replays: int, rounds: int,
         print(dtype, name, t, rec["sweep"][-3:], flush=True)
     by_key = {r["config"]: r["us"] for r in rec["sweep"]}
     best = min(tiles, key=lambda c: min(by_key[_with(c, m).key()] for m in MODES))
-    ab_tiles = [shipped] + ([best] if best != _with(shipped, 0) else [])
+    ab_tiles = [shipped] if shipped.kernel == "direct" else []  # (else: no direct entry)
+    if best not in ab_tiles:
+        ab_tiles.append(best)
     ab_cfgs = [_with(c, m) for c in ab_tiles for m in MODES]
     fns = {c.key(): _calls(dtype, c, t, x, weights, routings, eq) for c in ab_cfgs}
     samples = {c.key(): [] for c in ab_cfgs}
@@ -114,6 +126,7 @@ def _cell(name: str, t: int, dtype: str, calls: int, replays: int, rounds: int,
         med = statistics.median(v)
         rec["ab"][key] = {"us": round(med, 2), "rounds": [round(u, 2) for u in v],
                           "floor_over_time": round(floor_us / med, 4),
+                          "kernels": _kernels(fns[key][0], calls=20),
                           "config": next(c for c in ab_cfgs if c.key() == key).to_json()}
     w, ids = routings[0]
     q13, q2, d13, d2 = weights
