@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call, prepared on 2026-12-05 when no device was lent; see the README here. Its
 # timeouts keep it under 10 minutes (the benches' second round runs only if time is left).
-# Run after (or instead of) ../fp8-open-questions-2026-12-05/call1.sh. Files back (7): gpu-tests.txt, probe.json, probe-log.txt, winner.txt,
-# bench-bf16.txt, bench-fp8.txt, bench-log.txt.
+# Run after (or instead of) ../fp8-open-questions-2026-12-05/call1.sh. Files back (7):
+# gpu-tests.txt, probe.json, probe-log.txt, winner.txt, bench-bf16.txt, bench-fp8.txt,
+# bench-log.txt.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 D=benchmarks/experiments/decode-prefetch-2026-12-05
