@@ -8,9 +8,14 @@ set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 D=benchmarks/experiments/decode-prefetch-2026-12-05
 
-# 0. the prefetch as a patch (this tree does not carry it until it is measured)
-git apply --check $D/prefetch.diff 2>/dev/null && git apply $D/prefetch.diff
-grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py || { echo "patch missing"; exit 3; }
+# 0. the prefetch is a patch the submitted tree does not carry. Apply it in the checkout
+#    before the call (`git apply $D/prefetch.diff`, left uncommitted: the device gets a copy
+#    of the working tree); here only where git exists and it is not applied yet.
+if ! grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py; then
+  command -v git >/dev/null && git apply $D/prefetch.diff
+fi
+grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py || {
+  echo "prefetch.diff is not applied: apply it in the checkout first"; exit 3; }
 
 # 1. the direct path's GPU tests with the patch: the prefetch changes no value; PDL and the
 #    direct path as before
