@@ -10,10 +10,12 @@ import re
 import subprocess
 
 
-def compile_sm90(fn, args, *, num_warps: int = 4, num_stages: int | None = None):
-    """``fn[grid](*args, num_warps=, num_stages=)``'s compile for sm90 (a Gluon kernel through
-    Gluon's source class; ``num_stages`` None: the default): the ``CompiledKernel``
-    (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata.shared``)."""
+def compile_sm90(fn, args, *, num_warps: int = 4, num_stages: int | None = None,
+                 maxnreg: int | None = None):
+    """``fn[grid](*args, num_warps=, num_stages=, maxnreg=)``'s compile for sm90 (a Gluon
+    kernel through Gluon's source class; None: Triton's default): the ``CompiledKernel``
+    (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata.shared``). Raises Triton's error (a
+    ``PTXASError`` naming the ptxas message) for a kernel ptxas refuses."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.compiler import compile as tcompile
@@ -25,8 +27,9 @@ def compile_sm90(fn, args, *, num_warps: int = 4, num_stages: int | None = None)
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     kw = {"num_warps": num_warps}
-    if num_stages is not None:
-        kw["num_stages"] = num_stages
+    for name, value in (("num_stages", num_stages), ("maxnreg", maxnreg)):
+        if value is not None:
+            kw[name] = value
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, spec, opts = binder(*args, **kw)
     options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)

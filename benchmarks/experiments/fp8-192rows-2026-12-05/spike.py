@@ -12,6 +12,8 @@ consumer needs against the ``65536 / 416``-thread budget (13 warps), whether any
 spills, and how many stages fit.
 
     PYTHONPATH=. python3 benchmarks/experiments/fp8-192rows-2026-12-05/spike.py
+
+(from the project root: it imports ``tests.sm90`` and ``tests/test_fp8_ws_compile.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from moerun.backends.triton.fp8_ws_carry import EPS, QMAX, _carried_k_loop, _round_to
+from moerun.backends.triton.fp8_ws_carry import EPS, QMAX, _round_to
 from moerun.backends.triton.fp8_ws_parts import skip_steps, tile_of, tma_desc
 
 HALFC = gl.constexpr(64)
@@ -110,9 +112,8 @@ def consumer3(args, W: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr
             rows = (off_m + gl.arange(0, HALFC, rows_l)).to(gl.int64)
             gs_p = ws_ptr + expert * stride_wse + pid_n * stride_wsn
             acc = gl.zeros([HALFC, 2 * BN], gl.float32, mma)
-            # the shipped K loop reads A part W of stage s as a_bufs[2 s + W]: with three
-            # parts per stage the part index is 3 s + W, so the spike passes a view whose
-            # stage stride matches (the ring is allocated [3 STAGES, 64, 128])
+            # the shipped K loop reads A part W of stage s as a_bufs[2 s + W]; with three
+            # parts per stage it is 3 s + W (_carried_k_loop3 below)
             acc, c = _carried_k_loop3(a_bufs, b_bufs, ready, empty, acc, c,
                                       as_ptr + rows * stride_as, gs_p,
                                       gs_p + inter_blocks * stride_wsn, k_tiles, BN, W, STAGES)
@@ -194,25 +195,9 @@ def gate_up_192_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_id
     ], [4, 4, 1], [MMA_R, MMA_R, LOAD_R])
 
 
-def _compile(fn, args, maxnreg: int | None):
-    """``tests.sm90.compile_sm90`` with an optional ``maxnreg`` launch option."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import compile as tcompile
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    kw = {"num_warps": 4} if maxnreg is None else {"num_warps": 4, "maxnreg": maxnreg}
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound, spec, opts = binder(*args, **kw)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
-    return tcompile(GluonASTSource(fn, signature, constexprs, attrs), target=target,
-                    options=options.__dict__)
-
-
 def build(stages: int, mma_regs: int, load_regs: int, maxnreg: int | None = None):
+    from tests.sm90 import compile_sm90
+
     f8 = torch.float8_e4m3fn
     s, h, inter, r = 8, 1024, 512, 1536
 
@@ -226,11 +211,10 @@ def build(stages: int, mma_regs: int, load_regs: int, maxnreg: int | None = None
             torch.empty(r // 192, dtype=torch.int32), torch.empty(1, dtype=torch.int32),
             r, inter, h, h // 128, (2 * inter // 128) * (h // 128), h // 128, inter // 128,
             stages, 8, 2, mma_regs, load_regs)
-    return _compile(gate_up_192_kernel, args, maxnreg)
+    return compile_sm90(gate_up_192_kernel, args, maxnreg=maxnreg)
 
 
 def main() -> None:
-    sys.path.insert(0, ".")
     sys.path.insert(0, "tests")
     import test_fp8_ws_compile as shipped
     from tests.sm90 import compile_sm90, ptxas_report
