@@ -98,7 +98,7 @@ def _cell(name: str, t: int, dtype: str, calls: int, replays: int, rounds: int,
     shipped = (be0.config_for(s, i, h, t, k, torch.bfloat16) if dtype == "bf16"
                else be0.fp8_config_for(s, i, h, t, k))
     w2 = weights[3] if dtype == "bf16" else weights[1]
-    plan = {m: prefetch_plan(m, w2, x, t * k)[0] for m in MODES}
+    plan = {m: prefetch_plan(m, w2, x, t * k).mode for m in MODES}
     rec = {"cell": f"{name}:{t}", "name": name, "T": t, "dtype": dtype,
            "floor_us": round(floor_us, 2),
            "shipped": shipped.key(), "plan": plan, "sweep": [], "ab": {}}
