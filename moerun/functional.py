@@ -95,8 +95,8 @@ def _check(x, w13, w2, topk_weights, topk_ids, quant=None) -> None:
 
 
 def fused_experts(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
-                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                  backend: str | Backend = "auto", check_inputs: bool = True,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  backend: str | Backend = "auto", *, check_inputs: bool = True,
                   quant: ExpertQuant | None = None) -> torch.Tensor:
     """``out[t] = sum_j w[t, j] * (silu(x W_gate^T) * (x W_up^T)) W_2^T`` over ``topk_ids``.
 

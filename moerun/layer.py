@@ -143,7 +143,7 @@ class ConfigurableMoE(nn.Module):
                                 num_local_slots=self.slot_end - self.slot_start,
                                 divisible=self.partition.divisible)
         backend_choice = type(backend) if isinstance(backend, Backend) else backend
-        chunk_rows = config.max_num_tokens or 1
+        chunk_rows = config.max_num_tokens  # None: unbounded (the report gives a row's bytes)
         self.report: ResolutionReport = resolve(
             problem, deployment, get_env(), backend=backend_choice, comm=comm, router=router,
             shared_expert_order=shared_expert_order, shared_partition_sms=shared_partition_sms,

@@ -70,6 +70,17 @@ class Mapping:
                 f"Mapping.group is None with world_size={self.world_size}: pass the "
                 "torch.distributed process group moerun should communicate over"
             )
+        if self.group is not None and callable(getattr(self.group, "size", None)) \
+                and callable(getattr(self.group, "rank", None)):
+            # NOTE: a mismatch used to pass, and the first forward failed with a
+            # CommTimeoutError of phase 'validate' that named no field
+            size, rank = self.group.size(), self.group.rank()
+            if (size, rank) != (self.world_size, self.rank):
+                raise ValueError(
+                    f"Mapping(rank={self.rank}, world_size={self.world_size}) does not match "
+                    f"its group (rank {rank} of {size}): pass the group's own rank and size, "
+                    "e.g. Mapping.from_group(group)"
+                )
         for name in ("timeout_s", "warmup_timeout_s"):
             value = getattr(self, name)
             # NOTE: inf/NaN/negative used to pass, and the first forward then failed inside

@@ -49,7 +49,9 @@ class ResolutionReport:
             T regime), or None without a shared expert.
         shared_schedule: the :class:`~moerun.shared_expert.SharedSchedule` the scheduler
             follows (None without a shared expert).
-        workspace_bytes_per_chunk: peak temporary bytes of one chunk (backend estimate).
+        workspace_bytes_per_chunk: peak temporary bytes of one chunk (backend estimate) of
+            ``workspace_chunk_rows`` rows; with ``workspace_chunk_rows=None`` (no
+            ``max_num_tokens``: a chunk is a whole forward) the bytes of one row.
         rejected: every candidate not chosen, with reason.
         fallbacks: runtime replacements (e.g. an infeasible strategy replaced permanently).
         env: one-line description of the probed environment.
@@ -68,6 +70,7 @@ class ResolutionReport:
     scheduler: str
     shared_expert_order: str | None
     workspace_bytes_per_chunk: int
+    workspace_chunk_rows: int | None = None
     shared_schedule: SharedSchedule | None = None
     rejected: tuple[Rejection, ...] = ()
     fallbacks: tuple[str, ...] = ()
@@ -80,6 +83,13 @@ class ResolutionReport:
         return dataclasses.replace(self, strategy=strategy_cls.name, strategy_cls=strategy_cls,
                                    fallbacks=self.fallbacks + (note,))
 
+    def _workspace(self) -> str:
+        mib = self.workspace_bytes_per_chunk / 2**20
+        if self.workspace_chunk_rows is None:
+            return (f"{mib:.2f} MiB per row (max_num_tokens=None: a chunk is the whole "
+                    "forward; set it to bound this)")
+        return f"{mib:.2f} MiB ({self.workspace_chunk_rows} rows)"
+
     def __str__(self) -> str:
         lines = [
             "moerun resolution report",
@@ -88,7 +98,7 @@ class ResolutionReport:
             f"  routing:             {self.router}",
             f"  scheduler:           {self.scheduler}",
             f"  shared expert order: {self.shared_expert_order or 'none (no shared expert)'}",
-            f"  workspace per chunk: {self.workspace_bytes_per_chunk / 2**20:.2f} MiB",
+            f"  workspace per chunk: {self._workspace()}",
             f"  environment:         {self.env}",
         ]
         lines += [f"  note:                {n}" for n in self.notes]
@@ -285,7 +295,7 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
             backend: str | type[Backend] = "auto", comm: str | type[CommStrategy] = "auto",
             router: str = "auto", shared_expert_order: str = "auto",
             shared_partition_sms: int | None = None, scheduler: str = "auto",
-            max_chunk_rows: int = 1) -> ResolutionReport:
+            max_chunk_rows: int | None = None) -> ResolutionReport:
     """Choose candidates for one layer. Pure: reads only its arguments (and, for the
     ``kernel_configs`` lines, the chosen backend's shipped config files).
 
@@ -301,7 +311,8 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
         scheduler: ``"auto"``, ``"external"`` or ``"dbo"`` (dual-batch overlap; its split rule
             then decides per forward). ``"auto"`` picks ``"external"``: DBO pays only where
             communication is exposed, and no measured table says so for any deployment yet.
-        max_chunk_rows: rows of the largest chunk, for the workspace estimate.
+        max_chunk_rows: rows of the largest chunk, for the workspace estimate (None: no
+            bound, the report gives the bytes of one row).
 
     Raises ValueError when a requested candidate cannot run, naming the reason.
     """
@@ -339,6 +350,7 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
         scheduler=sched_name,
         shared_expert_order=None if schedule is None else schedule.describe(),
         shared_schedule=schedule,
-        workspace_bytes_per_chunk=backend_cls().workspace_bytes(problem, max_chunk_rows),
+        workspace_bytes_per_chunk=backend_cls().workspace_bytes(problem, max_chunk_rows or 1),
+        workspace_chunk_rows=max_chunk_rows,
         rejected=tuple(rejected), env=env.describe(), notes=notes,
         kernel_configs=backend_cls.config_report(problem, deployment, env))

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - type names only
     from moerun.backends import Backend
     from moerun.comm import CommStrategy, Communicator
     from moerun.config import MoEConfig
-    from moerun.mapping import Mapping
+    from moerun.mapping import Mapping, SlotPartition
     from moerun.quant import ExpertQuant
     from moerun.routing import Router
     from moerun.shared_expert import SharedExpert, SharedRegime
@@ -50,7 +50,8 @@ class LayerView(Protocol):
     counters ``step`` (forwards so far), ``repeat_idx``/``repeat_count``; ``recorder``
     (optional schedule recorder); ``chunk_overlap`` (allowed to use the aux stream);
     ``programs`` (a ``moerun._triton.program.ProgramCache``: the one-rank path's launch
-    programs by call layout, a host-side cache, not per-forward state).
+    programs by call layout, a host-side cache, not per-forward state); ``partition`` (the
+    ``moerun.mapping.SlotPartition`` of the slots over the ranks, rank-identical).
 
     Agreement (issue 14): ``loaded`` (weights filled), ``agreement_digest`` (the build
     digest every rank compares in the agreed validation payload).
@@ -82,6 +83,7 @@ class LayerView(Protocol):
     recorder: Any
     chunk_overlap: bool
     programs: Any
+    partition: "SlotPartition"
     loaded: bool
     agreement_digest: int
 

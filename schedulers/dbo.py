@@ -53,10 +53,12 @@ class DualBatchOverlapScheduler:
 
     def decide(self, layer: LayerView, counts: tuple[int, ...]) -> SplitDecision:
         """The split decision for rank-identical ``counts`` (pure but for the capture
-        query)."""
+        query; the guard's experts per rank come from the slot partition, not this rank's
+        own count, so every rank decides alike)."""
         capturing = layer.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        part = layer.partition
         return decide_split(counts, config=self.config, top_k=layer.config.top_k,
-                            num_local_slots=layer.w13.shape[0], capturing=capturing)
+                            slots_per_rank=part.num_slots / part.ep_size, capturing=capturing)
 
     def forward(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor, *,
                 all_rank_num_tokens: Sequence[int] | None = None, use_dp_padding: bool = False,

@@ -71,8 +71,12 @@ class SplitDecision:
 
 
 def decide_split(counts: tuple[int, ...], *, config: DBOConfig, top_k: int,
-                 num_local_slots: int, capturing: bool) -> SplitDecision:
-    """The split decision for rank-identical ``counts`` (one entry per rank). Pure."""
+                 slots_per_rank: float, capturing: bool) -> SplitDecision:
+    """The split decision for rank-identical ``counts`` (one entry per rank). Pure.
+
+    ``slots_per_rank``: ``num_slots / ep_size``, the weight re-read guard's experts per rank.
+    It must be the same on every rank (DESIGN 9): a rank's own slot count is not, where the
+    slots do not divide over the ranks, and the guard would split on some ranks only."""
     biggest = max(counts)
     if capturing:
         return SplitDecision(split=False, rule="CUDA-graph capture: DBO is not captured")
@@ -84,7 +88,7 @@ def decide_split(counts: tuple[int, ...], *, config: DBOConfig, top_k: int,
         return SplitDecision(split=False, rule=f"max T {biggest} < threshold {threshold}")
     guard = (config.min_rows_per_expert_one_rank if len(counts) == 1
              else config.min_rows_per_expert_multi_rank)
-    rows = -(-biggest // 2) * top_k / max(1, num_local_slots)
+    rows = -(-biggest // 2) * top_k / max(1.0, slots_per_rank)
     if rows < guard:
         return SplitDecision(split=False, rule=f"weight re-read guard: {rows:.1f} rows per "
                              f"local expert per micro-batch < {guard:g}")

@@ -48,7 +48,8 @@ class HookLog:
 
 
 def dbo_vs_unsplit_task(ctx, *, counts, comm, max_num_tokens=None, shared=0, E=8, k=2,
-                        H=16, I=8, seed=0, shared_order="auto", threshold=2, forwards=2):
+                        H=16, I=8, seed=0, shared_order="auto", threshold=2, forwards=2,
+                        guard=0.0):
     """The same inputs through a DBO layer and an external-comm layer: both against the
     unsharded fp64 reference and against each other; whether DBO split, from its recorder."""
     cfg = MoEConfig(num_experts=E, top_k=k, hidden_size=H, intermediate_size=I,
@@ -56,7 +57,8 @@ def dbo_vs_unsplit_task(ctx, *, counts, comm, max_num_tokens=None, shared=0, E=8
     case = make_case(cfg, sum(counts) * forwards, seed)
     lo = sum(counts[: ctx.rank])
     rec = ScheduleRecorder()
-    dbo = DBOConfig(small_threshold=threshold, min_rows_per_expert_one_rank=0.0)
+    dbo = DBOConfig(small_threshold=threshold, min_rows_per_expert_one_rank=0.0,
+                    min_rows_per_expert_multi_rank=guard)
     kw = dict(comm=comm, layer_idx=0, backend="reference", shared_expert_order=shared_order)
     with ConfigurableMoE(cfg, ctx.mapping(), scheduler="dbo", dbo_config=dbo, recorder=rec,
                          **kw) as split, \

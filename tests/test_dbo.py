@@ -25,7 +25,7 @@ SAME = 1e-6
 
 
 def _decide(counts, slots=4, **kw):
-    return decide_split(tuple(counts), config=DBOConfig(**kw), top_k=2, num_local_slots=slots,
+    return decide_split(tuple(counts), config=DBOConfig(**kw), top_k=2, slots_per_rank=slots,
                         capturing=False)
 
 
@@ -47,7 +47,7 @@ def test_split_rule_hand_cases():
     assert _decide([4096], slots=4).split  # 1024 rows
     assert _decide([64, 0], slots=16).split  # several ranks: the DESIGN threshold alone
     assert not _decide([64, 64], min_rows_per_expert_multi_rank=40.0).split
-    assert not decide_split((600, 600), config=DBOConfig(), top_k=2, num_local_slots=4,
+    assert not decide_split((600, 600), config=DBOConfig(), top_k=2, slots_per_rank=4,
                             capturing=True).split
 
 
@@ -94,7 +94,7 @@ def test_dbo_equals_unsplit_and_reference(pools, case):
         assert all(d < SAME for d in res["diffs"]), res
         assert res["scheduler"] == "DualBatchOverlapScheduler"
     splits = decide_split(case["counts"], config=DBOConfig(small_threshold=2,
-                          min_rows_per_expert_one_rank=0.0), top_k=2, num_local_slots=1,
+                          min_rows_per_expert_one_rank=0.0), top_k=2, slots_per_rank=1,
                           capturing=False).split
     assert all(res["ubs"] == ([0, 1] if splits else []) for res in results)
 
@@ -165,3 +165,16 @@ def test_split_rule_across_ranks_without_hangs(pools, counts, split):
     for res, rows in zip(results, counts):
         assert res["rows"] == rows and all(e < FP32 for e in res["errs"])
         assert res["ubs"] == ([0, 1] if split else [])  # rank 0 runs two empty micro-batches
+
+
+@pytest.mark.parametrize("guard,split", [(14.0, True), (14.5, False)])
+def test_weight_guard_is_rank_identical_where_slots_do_not_divide(pools, guard, split):
+    """9 experts over 2 ranks hold 5 and 4 slots. The guard reads num_slots / ep_size = 4.5
+    on both (32 rows x top-2 / 4.5 = 14.2 rows per expert), not each rank's own count (12.8
+    and 16: rank 1 alone would split, and the ranks' collectives would not match)."""
+    results = pools(2).run(dbo_tasks.dbo_vs_unsplit_task, counts=(64, 64), comm="alltoall",
+                           E=9, threshold=32, guard=guard, forwards=1)
+    for res in results:
+        assert res["rows"] == 64 and all(e < FP32 for e in res["errs"]), res
+        assert res["ubs"] == ([0, 1] if split else [])
+

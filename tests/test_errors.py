@@ -142,6 +142,29 @@ def test_mapping_errors(kwargs, match):
         Mapping(**kwargs)
 
 
+class _Group:
+    """What Mapping reads of a process group: ``size()`` and ``rank()``."""
+
+    def __init__(self, size: int, rank: int) -> None:
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def test_mapping_must_match_its_group():
+    # a mismatch used to pass and fail the first forward with a CommTimeoutError
+    with pytest.raises(ValueError, match=r"Mapping\(rank=1, world_size=2\) does not match its "
+                                         r"group \(rank 0 of 1\).*Mapping\.from_group"):
+        Mapping(rank=1, world_size=2, group=_Group(1, 0))
+    with pytest.raises(ValueError, match=r"\(rank 1 of 2\)"):
+        Mapping(rank=0, world_size=2, group=_Group(2, 1))
+    assert Mapping(rank=1, world_size=2, group=_Group(2, 1)).world_size == 2
+
+
 def test_slot_partition_fewer_experts_than_ranks():
     with pytest.raises(ValueError, match=r"num_experts \(slots\)=3 < ep_size=4: every rank needs "
                                          r"at least one expert slot"):
@@ -485,6 +508,11 @@ def test_fused_experts_backend_type(fused_inputs):
     # a Backend class (not an instance) is accepted, like ConfigurableMoE(backend=...)
     out = fused_experts(**fused_inputs, backend=ReferenceExperts)
     assert torch.equal(out, fused_experts(**fused_inputs, backend="reference"))
+    # DESIGN 3's signature: the backend is the sixth positional argument
+    f = fused_inputs
+    positional = fused_experts(f["x"], f["w13"], f["w2"], f["topk_weights"], f["topk_ids"],
+                               "reference")
+    assert torch.equal(positional, out)
 
 
 @pytest.mark.parametrize("change,exc,match", [

@@ -64,3 +64,18 @@ def test_resolve_uses_the_shipped_table_for_benchmarked_shapes():
     assert any("default priority" in n for n in report.notes)
     # an explicit name is not reordered
     assert resolve(_problem(), DEP, H200, backend="grouped_mm").backend == "grouped_mm"
+
+
+def test_report_workspace_names_its_chunk_rows():
+    # an unbounded chunk (max_num_tokens=None) used to be reported as a 1-row chunk
+    cpu = _problem(e=4, k=2, h=64, i=32, dtype=torch.float32, device="cpu")
+    dep = Deployment(rank=0, world_size=1, comm_backend="none", num_local_slots=4,
+                     divisible=True)
+    # gathered rows, gate/up and expert outputs per (t, j) pair in fp32, plus the fp32 sum
+    per_row = 2 * (64 + 2 * 32 + 64) * 4 + 64 * 4
+    bounded = resolve(cpu, dep, probe_env(), backend="reference", max_chunk_rows=4096)
+    assert bounded.workspace_bytes_per_chunk == 4096 * per_row
+    assert f"workspace per chunk: {4096 * per_row / 2**20:.2f} MiB (4096 rows)" in str(bounded)
+    unbounded = resolve(cpu, dep, probe_env(), backend="reference")
+    assert unbounded.workspace_bytes_per_chunk == per_row
+    assert "MiB per row (max_num_tokens=None: a chunk is the whole forward" in str(unbounded)

@@ -8,11 +8,14 @@ set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 D=benchmarks/experiments/decode-prefetch-2026-12-05
 
-# 0. the prefetch is a patch the submitted tree does not carry. Apply it in the checkout
-#    before the call (`git apply $D/prefetch.diff`, left uncommitted: the device gets a copy
-#    of the working tree); here only where git exists and it is not applied yet.
+# 0. the prefetch is a patch the submitted tree does not carry: prefetch.diff against the
+#    tree of 2026-12-05 08:50 UTC, prefetch-on-scales.diff against it with
+#    ../fp8-scales-ahead-2026-12-05/scales.diff in the package (the tree has act_scales).
+#    Applied here on the device copy unless it is applied already (git not needed).
 if ! grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py; then
-  command -v git >/dev/null && git apply $D/prefetch.diff
+  PF=$D/prefetch.diff
+  grep -q "def act_scales" moerun/backends/triton/fp8_tiles.py && PF=$D/prefetch-on-scales.diff
+  python3 benchmarks/experiments/fp8-scales-ahead-2026-12-05/apply_diff.py $PF --root .
 fi
 grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py || {
   echo "prefetch.diff is not applied: apply it in the checkout first"; exit 3; }
