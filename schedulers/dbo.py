@@ -1,7 +1,8 @@
 """``DualBatchOverlapScheduler``: two micro-batches interleaved on one host thread (DESIGN 7).
 
     counts + agreed checks -> split rule -> [unsplit: the external forward] | per micro-batch
-    context (plan, cursor, tracer) -> step ub0 and ub1 alternately at their yields -> concat
+    plan and cursor -> step ub0 and ub1 alternately at their yields (each first makes its
+    context, inside its dbo/ub range) -> concat
 
 One micro-batch's forward is :meth:`ExternalCommScheduler.steps`, a generator that yields
 right after dispatch is issued, right after combine is issued, and after the
@@ -26,7 +27,8 @@ micro-batch on its own rows (``DURING_COMBINE``: during that micro-batch's combi
 
 from __future__ import annotations
 
-from typing import Any, Generator, Sequence
+import functools
+from typing import Any, Callable, Generator, Sequence
 
 import torch
 
@@ -35,6 +37,7 @@ from schedulers.context import ForwardContext, LayerView
 from schedulers.dbo_rule import DBOConfig, SplitDecision, decide_split, micro_batch_counts
 from schedulers.external_comm import ExternalCommScheduler, drive
 from schedulers.plan import plan_forward
+from traces import Tracer
 
 __all__ = ["DualBatchOverlapScheduler"]
 
@@ -90,20 +93,26 @@ class DualBatchOverlapScheduler:
             strategy = layer.strategy  # replaced (permanently) while checking micro-batch 1
         first = halves[0][rank]
         parts = ((x[:first], router_logits[:first]), (x[first:], router_logits[first:]))
-        contexts = [
-            ext.context(layer, xs, ls, plan=plans[u], strategy=strategy,
-                        cursor=CollectiveCursor(step=layer.step, ub=u),
-                        input_ready_event=input_ready_event, ub=u, hooks_begin=u == 0,
-                        hooks_end=u == 1, row_base=0 if u == 0 else sum(halves[0]),
-                        shared_rows=max(counts))
+        makers = [
+            functools.partial(
+                ext.context, layer, xs, ls, plan=plans[u], strategy=strategy,
+                cursor=CollectiveCursor(step=layer.step, ub=u),
+                input_ready_event=input_ready_event, ub=u, hooks_begin=u == 0,
+                hooks_end=u == 1, row_base=0 if u == 0 else sum(halves[0]),
+                shared_rows=max(counts))
             for u, (xs, ls) in enumerate(parts)]
-        return torch.cat(self._interleave(layer, contexts), dim=0)
+        return torch.cat(self._interleave(layer, makers), dim=0)
 
-    def _micro_batch(self, layer: LayerView, ctx: ForwardContext
+    def _micro_batch(self, layer: LayerView, u: int,
+                     make_context: Callable[..., ForwardContext]
                      ) -> Generator[str, None, torch.Tensor]:
-        """One micro-batch under its ``dbo/ub{u}`` range, a ``dbo/yield`` mark per yield."""
-        tracer = ctx.tracer
-        with tracer.ub(ctx.ub):
+        """Micro-batch ``u`` under its ``dbo/ub{u}`` range, a ``dbo/yield`` mark per yield.
+        Its context is made inside the range (when the micro-batch is first stepped), so the
+        logits' ``pad`` and the [AUX_STREAM] ``shared`` ranges it issues nest there."""
+        tracer = Tracer(layer_idx=layer.layer_idx, rank=layer.mapping.rank,
+                        recorder=layer.recorder, ub=u)
+        with tracer.ub(u):
+            ctx = make_context(tracer=tracer)
             steps = self._external.steps(layer, ctx)
             while True:
                 try:
@@ -114,9 +123,9 @@ class DualBatchOverlapScheduler:
                 yield what
 
     def _interleave(self, layer: LayerView,
-                    contexts: list[ForwardContext]) -> list[torch.Tensor]:
+                    makers: list[Callable[..., ForwardContext]]) -> list[torch.Tensor]:
         """Step the micro-batches round-robin from their yields; their outputs in order."""
-        gens = [self._micro_batch(layer, ctx) for ctx in contexts]
+        gens = [self._micro_batch(layer, u, make) for u, make in enumerate(makers)]
         outs: list[Any] = [None] * len(gens)
         live = list(range(len(gens)))
         while live:

@@ -114,15 +114,20 @@ class ExternalCommScheduler:
                 plan: ForwardPlan, cursor: CollectiveCursor, strategy: Any,
                 input_ready_event: Any, ub: int | None = None, hooks_begin: bool = True,
                 hooks_end: bool = True, row_base: int = 0,
-                shared_rows: int | None = None) -> ForwardContext:
+                shared_rows: int | None = None, tracer: Tracer | None = None
+                ) -> ForwardContext:
         """The context of one forward (or one DBO micro-batch ``ub``) over ``x [T, H]``:
         logits padded to the plan's rows, the streams, the shared-expert regime (picked by
         ``shared_rows``, default the plan's largest rank), and, for :meth:`steps`, the
         [AUX_STREAM] shared MLP already issued. ``hooks_begin``/``hooks_end`` restrict the
         gated EPLB hooks (the DBO scheduler gives them to one micro-batch each);
-        ``row_base`` shifts the EPLB replica-routing offset. No collective."""
-        tracer = Tracer(layer_idx=layer.layer_idx, rank=layer.mapping.rank,
-                        recorder=layer.recorder, ub=ub)
+        ``row_base`` shifts the EPLB replica-routing offset; ``tracer`` (default a new one)
+        is the one the forward's ranges go to: the DBO scheduler passes micro-batch ``ub``'s,
+        already inside its ``dbo/ub{u}`` range, so the ``pad`` and [AUX_STREAM] ``shared``
+        ranges issued here nest in it. No collective."""
+        if tracer is None:
+            tracer = Tracer(layer_idx=layer.layer_idx, rank=layer.mapping.rank,
+                            recorder=layer.recorder, ub=ub)
         logits = router_logits
         if plan.padded and plan.local_rows != plan.num_tokens:
             with tracer.phase("pad"):  # 4.1 step 2: only the logits before routing

@@ -81,7 +81,8 @@ def dbo_vs_unsplit_task(ctx, *, counts, comm, max_num_tokens=None, shared=0, E=8
                 "scheduler": split.report.scheduler}
 
 
-def dbo_order_task(ctx, *, counts, comm, shared=0, shared_order="auto", max_num_tokens=None):
+def dbo_order_task(ctx, *, counts, comm, shared=0, shared_order="auto", max_num_tokens=None,
+                   use_dp_padding=False):
     """One split forward; the recorder's events and the balancer hooks, with micro-batches."""
     cfg = MoEConfig(num_experts=6, top_k=2, hidden_size=8, intermediate_size=8,
                     shared_intermediate_size=shared, max_num_tokens=max_num_tokens)
@@ -94,7 +95,7 @@ def dbo_order_task(ctx, *, counts, comm, shared=0, shared_order="auto", max_num_
                          shared_expert_order=shared_order, backend="reference") as layer:
         layer.load_weights(case.w13, case.w2, case.shared)
         out = layer(case.x[lo:lo + counts[ctx.rank]], case.logits[lo:lo + counts[ctx.rank]],
-                    all_rank_num_tokens=list(counts))
+                    all_rank_num_tokens=list(counts), use_dp_padding=use_dp_padding)
         ref = reference_output(cfg, case)[lo:lo + counts[ctx.rank]]
     return {"events": [(e.phase, e.ub, e.chunk, e.kind) for e in rec.events],
             "hooks": bal.log, "err": rel_err(out, ref)}

@@ -157,6 +157,25 @@ def test_during_combine_yields_once_more_per_micro_batch(pools):
         assert ranges.index(("combine", 1)) < ranges.index(("shared", 0))
 
 
+def test_context_ranges_nest_in_their_micro_batch(pools):
+    """DESIGN 10's nesting under DBO: each micro-batch's logits ``pad`` and [AUX_STREAM]
+    ``shared`` ranges come after its own ``ub`` range opens (they used to be issued while the
+    contexts were built, before either ub range; ub1's shared even before ub0's)."""
+    for rank, res in enumerate(pools(2).run(dbo_tasks.dbo_order_task, counts=(6, 3),
+                                            comm="allgather", shared=8,
+                                            shared_order="aux_stream", use_dp_padding=True)):
+        assert res["err"] < FP32
+        ranges = [(p, u) for p, u, _, kind in res["events"] if kind == "range"]
+        for u in (0, 1):
+            assert ranges.index(("ub", u)) < ranges.index(("shared", u)), ranges
+        assert ranges.index(("shared", 1)) > ranges.index(("dispatch", 0))  # ub1 starts later
+        pads = [ranges.index(("pad", u)) for u in (0, 1) if ("pad", u) in ranges]
+        if rank == 1:  # 3 rows padded to the largest rank's 6: both halves pad
+            assert len(pads) == 2
+        for u, at in zip((0, 1), pads):
+            assert ranges.index(("ub", u)) < at
+
+
 # ------------------------------------------------------------------ the rule across ranks
 @pytest.mark.parametrize("counts,split", [((1, 100, 0), False), ((0, 100, 2), True)])
 def test_split_rule_across_ranks_without_hangs(pools, counts, split):
