@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log-normal drift sigma for --load drift (default 0.3)")
     p.add_argument("--draws", type=int, default=50, help="drift draws (default 50)")
     p.add_argument("--replans", type=int, default=None,
-                   help="drift draws also re-planned for migration (default: all --draws)")
+                   help="drift draws also re-planned for migration, 0 to --draws (default: "
+                        "all --draws)")
     p.add_argument("--load-file", type=Path, default=None,
                    help="for --load file: .pt or .json tensor [steps, L, E] or [L, E] "
                         "(default: none)")
@@ -55,22 +57,75 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _UsageError(ValueError):
+    """A bad command line: printed as one ``moerun eplb-sim: ...`` line, exit status 2."""
+
+
 def _read_load_file(path: Path | None) -> torch.Tensor:
+    """``[steps, L, E]`` float64 from ``--load-file``; :class:`_UsageError` naming the flag
+    when it is missing, unreadable or not such a tensor."""
     if path is None:
-        raise SystemExit("--load file needs --load-file PATH (.pt or .json)")
-    if path.suffix == ".pt":
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        t = data if isinstance(data, torch.Tensor) else torch.tensor(data)
-    elif path.suffix == ".json":
-        t = torch.tensor(json.loads(path.read_text()))
-    else:
-        raise SystemExit(f"--load-file {path}: expected a .pt or .json file")
+        raise _UsageError("--load file needs --load-file PATH (.pt or .json)")
+    if path.suffix not in (".pt", ".json"):
+        raise _UsageError(f"--load-file {path}: expected a .pt or .json file")
+    if not path.is_file():
+        why = "no such file" if not path.exists() else "not a file"
+        raise _UsageError(f"--load-file {path}: {why}")
+    try:
+        if path.suffix == ".pt":
+            data = torch.load(path, map_location="cpu", weights_only=True)
+            t = data if isinstance(data, torch.Tensor) else torch.tensor(data)
+        else:
+            t = torch.tensor(json.loads(path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise _UsageError(f"--load-file {path}: not valid JSON ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 -- unreadable file, bad pickle, ragged lists
+        text = " ".join(str(exc).split())[:200]
+        raise _UsageError(f"--load-file {path}: cannot read a tensor from it "
+                          f"({type(exc).__name__}: {text})") from None
     if t.dim() == 2:
         t = t.unsqueeze(0)
-    if t.dim() != 3:
-        raise SystemExit(f"--load-file {path}: expected [steps, L, E] or [L, E], got "
-                         f"{list(t.shape)}")
-    return t.to(torch.float64)
+    if t.dim() != 3 or 0 in t.shape:
+        raise _UsageError(f"--load-file {path}: expected [steps, L, E] or [L, E] with every "
+                          f"size >= 1, got {list(t.shape)}")
+    if t.is_complex() or t.dtype == torch.bool:
+        raise _UsageError(f"--load-file {path}: expected real token counts, got {t.dtype}")
+    t = t.to(torch.float64)
+    if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+        raise _UsageError(f"--load-file {path}: token counts must be finite and >= 0")
+    return t
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """:class:`_UsageError` naming the flag for a value the simulator cannot use."""
+    E, R = args.experts, args.ranks
+    for flag, value in (("--experts", E), ("--layers", args.layers), ("--tokens", args.tokens),
+                        ("--draws", args.draws)):
+        if value < 1:
+            raise _UsageError(f"{flag} must be >= 1 (got {value})")
+    try:
+        _check_sizes(E, args.slots, args.groups, args.nodes, R)
+    except ValueError as err:  # policy's words (num_slots=...) -> the flags (--slots ...)
+        text = str(err)
+        for name, flag in (("num_experts", "--experts"), ("num_slots", "--slots"),
+                           ("num_groups", "--groups"), ("num_nodes", "--nodes"),
+                           ("num_ranks", "--ranks")):
+            text = text.replace(f"{name}=", f"{flag} ").replace(f"{name} ", f"{flag} ")
+        text = text.replace(" (the experts are load.shape[1])", "")
+        raise _UsageError(text) from None
+    if E % R:
+        raise _UsageError(f"--experts {E} must be a multiple of --ranks {R} (the 'before' "
+                          "figure is the no-redundancy placement, E / R experts per rank)")
+    if not 0.0 <= args.hot_share <= 1.0:
+        raise _UsageError(f"--hot-share must be in [0, 1] (got {args.hot_share:g})")
+    if not (args.sigma >= 0 and math.isfinite(args.sigma)):
+        raise _UsageError(f"--sigma must be finite and >= 0 (got {args.sigma:g})")
+    for s in args.zipf_s:  # s = 0 is the uniform load; s < 0 would make "most popular" least
+        if not (s >= 0 and math.isfinite(s)):
+            raise _UsageError(f"--zipf-s must be finite and >= 0 (got {s:g})")
+    if args.replans is not None and not 0 <= args.replans <= args.draws:
+        raise _UsageError(f"--replans must be in [0, --draws] = [0, {args.draws}] (got "
+                          f"{args.replans}): only drawn loads can be re-planned on")
 
 
 def _f(x: torch.Tensor) -> str:
@@ -87,9 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     sizes = (args.slots, args.groups, args.nodes, args.ranks)
     E, R = args.experts, args.ranks
-    try:
-        _check_sizes(E, *sizes)
-    except ValueError as err:
+    try:  # every usage error before any work
+        _check_args(args)
+        loads = _read_load_file(args.load_file) if "file" in args.load else None
+        if loads is not None and loads.shape[-1] != E:
+            raise _UsageError(f"--load-file has E={loads.shape[-1]}, --experts {E}")
+    except _UsageError as err:
         print(f"moerun eplb-sim: {err}", file=sys.stderr)
         return 2
     mode = "hierarchical" if args.groups % args.nodes == 0 and args.nodes > 1 else "global"
@@ -111,11 +169,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _print_drift(f"drift(zipf s={s},sigma={args.sigma},draws={args.draws})",
                              zipf_load(E, s, args.tokens, args.seed, args.layers), sizes, args)
         else:
-            loads = _read_load_file(args.load_file)
-            if loads.shape[-1] != E:
-                print(f"moerun eplb-sim: --load-file has E={loads.shape[-1]}, --experts {E}",
-                      file=sys.stderr)
-                return 2
             if loads.shape[0] == 1:
                 cases.append((f"file({args.load_file.name})", loads[0]))
             else:

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ConfigurableMoE": "moerun.layer",
+    "ForwardHandle": "moerun.forward_handle",
     "MoEConfig": "moerun.config",
     "RoutingConfig": "moerun.config",
     "RoutingMethod": "moerun.config",

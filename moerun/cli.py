@@ -1,8 +1,9 @@
 """The ``moerun`` command line.
 
 ``run`` checks a layer end to end (``trace`` does too and writes its trace, report and
-timeline; see :mod:`moerun.cli_run`); ``bench`` times expert compute (or the whole layer,
-the shared-expert orders, DBO, the NVTX range cost); ``tune`` fills the Triton config files;
+timeline; see :mod:`moerun.cli_run`); ``bench`` times expert compute (``--dtype fp8`` too;
+or, one mode at a time, the whole layer ``--layer``, the shared-expert orders ``--shared``,
+DBO ``--dbo``, the NVTX range cost ``--overhead``); ``tune`` fills the Triton config files;
 ``eplb-sim`` simulates the load balancer.
 """
 
@@ -42,10 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--out", required=True, metavar="DIR",
                        help="directory for the trace files (required; no default)")
     bench = sub.add_parser(
-        "bench", help="benchmarks: the expert-compute matrix, or --overhead",
+        "bench", help="benchmarks: the expert-compute matrix (--dtype fp8 included), or one "
+                      "mode: --layer, --shared, --dbo, --overhead",
         description="Time every expert backend on the benchmark matrix against the roofline "
-                    "floor (ceilings measured in the same run) and the peer figures; or, with "
-                    "--overhead, the host cost of one NVTX range without a profiler.")
+                    "floor (ceilings measured in the same run) and the peer figures (--dtype "
+                    "fp8: the FP8 block-scaled expert path against an fp8 floor); or, with one "
+                    "mode flag instead: --layer, the whole layer (host issue, eager, graph "
+                    "replay, expert kernels); --shared, every shared-expert order and the table "
+                    "resolve reads; --dbo, the layer with and without dual-batch overlap; "
+                    "--overhead, the host cost of one NVTX range without a profiler. The modes "
+                    "exclude each other.")
     bench.add_argument("--overhead", action="store_true",
                        help="measure the cost of one moerun range (enter+exit) in ns instead "
                             "(default: the expert-compute matrix)")
@@ -73,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(NoComm, what a split costs, what the split rule decides), or "
                             "CPU gloo ranks (a structure check) (default: off)")
     bench.add_argument("--ranks", type=int, default=None,
-                       help="with --dbo on CPU: gloo ranks to spawn (default 2)")
+                       help="with --dbo on CPU: gloo ranks to spawn, >= 2 (default 2)")
     bench.add_argument("--trace", default=None, metavar="DIR",
                        help="with --dbo on CPU: also capture a trace per rank and variant into "
                             "DIR and report the exposed communication (default: none)")
@@ -81,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --shared: an order must beat sequential by this fraction "
                             "to be picked (default 0.03)")
     bench.add_argument("--n", type=int, default=200_000,
-                       help="ranges timed with --overhead (default 200000)")
+                       help="ranges timed with --overhead, >= 1 (default 200000)")
     from moerun.bench.command import add_arguments
 
     add_arguments(bench)
@@ -96,7 +103,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_BENCH_MODES = ("overhead", "layer", "shared", "dbo")
+
+
+def _bench_usage_error(args: argparse.Namespace) -> str | None:
+    """The one-line usage error of a ``moerun bench`` command line (mode flags that exclude
+    each other, a mode's own bad value), or None. Checked before any work."""
+    modes = [f"--{m}" for m in _BENCH_MODES if getattr(args, m)]
+    if len(modes) > 1:
+        return f"{', '.join(modes)}: pick one mode"
+    if args.dtype == "fp8" and modes and modes[0] != "--overhead":
+        return f"--dtype fp8 is the expert-compute matrix's; {modes[0]} takes float32, " \
+               "float16 or bfloat16"
+    if args.overhead and args.n < 1:
+        return f"--n must be >= 1 (got {args.n})"
+    return None
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    problem = _bench_usage_error(args)
+    if problem is not None:
+        print(f"moerun bench: {problem}", file=sys.stderr)
+        return 2
     if args.dbo:
         from moerun.bench.dbo_command import run_dbo_bench
 

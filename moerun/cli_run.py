@@ -17,7 +17,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["add_run_arguments", "cmd_run", "write_trace_bundle", "RUN_DESCRIPTION"]
+__all__ = ["add_run_arguments", "align_ranks_for_capture", "check_out_dir", "cmd_run",
+           "write_trace_bundle", "RUN_DESCRIPTION"]
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _ORDERS = ("auto", "sequential", "aux_stream", "during_combine", "fused")
@@ -77,8 +78,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                      help="processes to spawn (gloo on CPU, NCCL when that many GPUs exist; "
                           "default 1)")
     parser.add_argument("--comm", default="auto",
-                     help="communication strategy: auto, allgather, alltoall (default auto: "
-                          "none on one rank, allgather on several)")
+                     help="communication strategy: auto, none (one rank only), allgather, "
+                          "alltoall (default auto: none on one rank, allgather on several)")
     parser.add_argument("--backend", default="auto",
                      help="expert backend: auto, reference, triton, grouped_mm (default auto)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -209,6 +210,8 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
         phases = {}
         trace_dir = getattr(args, "trace", None)
         if trace_dir is not None:  # every rank writes its own trace, reports and timeline
+            if world_size > 1:
+                align_ranks_for_capture(group)
             files = write_trace_bundle(forward, layer, trace_dir, tag=f"rank{rank}")
             phases = files.pop("phases")
         elif rank == 0:
@@ -249,6 +252,27 @@ def _report_json(layer: Any, rep: Any) -> dict:
                     "phases": [{"layer": k.layer, "ub": k.ub, "chunk": k.chunk,
                                 "phase": k.phase, "count": t.count, "host_us": t.host_us,
                                 "device_us": t.device_us} for k, t in rep.phases.items()]}}
+
+
+def align_ranks_for_capture(group: Any) -> None:
+    """Call on every rank of ``group`` just before each rank captures a trace of the same
+    collective forward: the ranks then start their profiled windows together.
+
+    Without it a rank that starts its profiler first waits in the forward's first collective
+    for the others, and its trace shows that wait as exposed communication (hundreds of ms:
+    the first profiler start of a process initializes Kineto, 1-2 s on a CPU, unevenly across
+    ranks). So: one empty profiled window (the same activities as :func:`traces.capture`)
+    pays that cost, then a barrier on ``group``; both outside the captured window. Host syncs:
+    the barrier; with CUDA the profiler's own synchronize."""
+    import torch
+    import torch.distributed as dist
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with _quiet_stderr(), torch.profiler.profile(activities=acts):
+        pass
+    dist.barrier(group=group)
 
 
 def write_trace_bundle(forward: Any, layer: Any, out_dir: str, *, tag: str,
@@ -297,32 +321,53 @@ def _check_names(args: argparse.Namespace) -> None:
         strategy_class(args.comm)
 
 
+def check_out_dir(flag: str, path: str) -> str | None:
+    """Make sure ``path`` is a folder this process can write (created with its parents when
+    missing): None when it is, else a one-line reason that names ``flag``. Host only."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{flag} {path}: exists and is not a folder"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return f"{flag} {path}: cannot create the folder ({exc.strerror or exc})"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{flag} {path}: the folder is not writable"
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``moerun run`` / ``moerun trace``: 0, 1 when an error exceeds its bound, 2 on a
-    usage error."""
+    usage error (reported before any rank starts)."""
     import torch
 
+    from moerun.bench.device import device_of
     from moerun.testing import TOL, TOL_FP8, TOL_FP8_UNQUANTIZED, TOL_MULTIRANK_BF16
 
+    command = getattr(args, "command", None) or "run"
+    prog = f"moerun {command}"
     if args.ranks < 1:
-        print("moerun run: --ranks must be >= 1", file=sys.stderr)
+        print(f"{prog}: --ranks must be >= 1 (got {args.ranks})", file=sys.stderr)
         return 2
     counts = args.tokens if args.tokens is not None else _demo_tokens(args.ranks)
     if len(counts) == 1 and args.ranks > 1:
         counts = counts * args.ranks
     if len(counts) != args.ranks:
-        print(f"moerun run: --tokens has {len(counts)} entries but --ranks={args.ranks}",
+        print(f"{prog}: --tokens has {len(counts)} entries but --ranks={args.ranks}",
               file=sys.stderr)
         return 2
     try:
         cfg = _config(args)
         _check_names(args)
+        device = device_of(args.device)  # --device cuda without a GPU: a usage error
     except (ValueError, TypeError) as exc:
-        print(f"moerun run: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    trace_dir = getattr(args, "trace", None)
+    if trace_dir is not None:  # a bad folder fails here, not after every rank ran
+        problem = check_out_dir("--out" if command == "trace" else "--trace", trace_dir)
+        if problem is not None:
+            print(f"{prog}: {problem}", file=sys.stderr)
+            return 2
     if args.ranks == 1:
         results = [_run_rank(0, 1, None, None, args=args, counts=counts, device=device)]
     else:
@@ -330,11 +375,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         use_nccl = device == "cuda" and torch.cuda.device_count() >= args.ranks
         if device == "cuda" and not use_nccl:
+            print(f"{prog}: --ranks {args.ranks} needs {args.ranks} CUDA devices, "
+                  f"{torch.cuda.device_count()} found: running on the CPU (gloo) instead",
+                  file=sys.stderr)
             device = "cpu"
         results = launch(_run_rank, args.ranks, use_nccl=use_nccl, args=args, counts=counts,
                          device="cuda" if use_nccl else device)
     if "usage_error" in results[0]:
-        print(f"moerun run: {results[0]['usage_error']}", file=sys.stderr)
+        print(f"{prog}: {results[0]['usage_error']}", file=sys.stderr)
         return 2
     dtype = getattr(torch, args.dtype)
     bound = TOL_MULTIRANK_BF16 if (dtype == torch.bfloat16 and args.ranks > 1) else TOL[dtype]

@@ -23,6 +23,7 @@ from moerun.config import MoEConfig
 from moerun.custom_op import register_layer
 from moerun.env import get_env
 from moerun.errors import LayerClosedError
+from moerun.forward_handle import ForwardHandle, issue
 from moerun.mapping import Mapping, slot_partition
 from moerun.quant import FP8_DTYPE, ExpertQuant
 from moerun.resolve import ResolutionReport, resolve
@@ -30,6 +31,7 @@ from moerun.routing import Router
 from moerun.shared_expert import SharedExpert
 from moerun.streams import LayerStreams
 from schedulers import DBOConfig, DualBatchOverlapScheduler, ExternalCommScheduler
+from schedulers.external_comm import ALL_ISSUED
 from schedulers.validation import layer_digest, not_loaded_message
 from traces import Tracer
 
@@ -39,13 +41,15 @@ log = logging.getLogger("moerun")
 
 
 class _Counters:
-    """The layer's forward counters, kept off ``nn.Module.__setattr__`` (a hot path)."""
+    """The layer's forward counters, kept off ``nn.Module.__setattr__`` (a hot path), and the
+    issued ``forward_async`` not waited yet (None when there is none)."""
 
-    __slots__ = ("step", "repeat_idx")
+    __slots__ = ("step", "repeat_idx", "pending")
 
     def __init__(self) -> None:
         self.step = 0
         self.repeat_idx = 0
+        self.pending: ForwardHandle | None = None
 
     def advance(self, repeat_count: int) -> None:
         self.step += 1
@@ -223,12 +227,56 @@ class ConfigurableMoE(nn.Module):
         if torch.compiler.is_compiling():
             return self._compiled_forward(x, router_logits, all_rank_num_tokens,
                                           use_dp_padding, input_ready_event)
+        if self._counters.pending is not None:
+            self._refuse_pending("forward")
         out = self.scheduler.forward(self, x, router_logits,
                                      all_rank_num_tokens=all_rank_num_tokens,
                                      use_dp_padding=use_dp_padding,
                                      input_ready_event=input_ready_event)
         self._counters.advance(self.repeat_count)
         return out
+
+    def forward_async(self, x: torch.Tensor, router_logits: torch.Tensor, *,
+                      all_rank_num_tokens: Sequence[int] | None = None,
+                      use_dp_padding: bool = False,
+                      input_ready_event: Any = None) -> ForwardHandle:
+        """:meth:`forward` up to the point where every collective is issued; returns a
+        :class:`~moerun.forward_handle.ForwardHandle` whose ``wait()`` finishes it and
+        returns the ``[T, H]`` output (DESIGN 7). Arguments as :meth:`forward`.
+
+        The caller's own work between this call and ``wait()`` overlaps the last combine
+        (micro-batch 1's under the DBO scheduler), which one ``forward`` leaves exposed. The
+        output equals :meth:`forward`'s for the same inputs.
+
+        Side effects: as :meth:`forward` up to the last combine's issue (validation and count
+        gathers, every dispatch and combine issued, earlier chunks' waits); the rest, and the
+        counters' advance, in ``wait()``. Until then this layer refuses another forward.
+        Refused under ``torch.compile`` (the compiled op is one synchronous call)."""
+        if torch.compiler.is_compiling():
+            raise RuntimeError("forward_async is not supported under torch.compile (the "
+                               "compiled graph calls one synchronous op); call forward")
+        if self._counters.pending is not None:
+            self._refuse_pending("forward_async")
+        steps = self.scheduler.forward_steps(self, x, router_logits,
+                                             all_rank_num_tokens=all_rank_num_tokens,
+                                             use_dp_padding=use_dp_padding,
+                                             input_ready_event=input_ready_event)
+        issue(steps, ALL_ISSUED)
+        handle = ForwardHandle(steps, self._finish_async, self.check_usable)
+        self._counters.pending = handle
+        return handle
+
+    def _finish_async(self, handle: ForwardHandle, ok: bool) -> None:
+        """A handle's forward ended: no longer pending; the counters advance if it ran."""
+        if self._counters.pending is handle:
+            self._counters.pending = None
+        if ok:
+            self._counters.advance(self.repeat_count)
+
+    def _refuse_pending(self, what: str) -> None:
+        raise RuntimeError(f"layer {self.layer_idx}: {what} while a forward_async handle of "
+                           "this layer is not waited; call its wait() first (a layer's "
+                           "forwards are collective and run in order on every rank)")
 
     def _compiled_forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                           all_rank_num_tokens: Sequence[int] | None, use_dp_padding: bool,

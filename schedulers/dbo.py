@@ -35,7 +35,7 @@ import torch
 from moerun.comm import CollectiveCursor
 from schedulers.context import ForwardContext, LayerView
 from schedulers.dbo_rule import DBOConfig, SplitDecision, decide_split, micro_batch_counts
-from schedulers.external_comm import ExternalCommScheduler, drive
+from schedulers.external_comm import ALL_ISSUED, ExternalCommScheduler, drive, with_all_issued
 from schedulers.plan import plan_forward
 from traces import Tracer
 
@@ -72,6 +72,17 @@ class DualBatchOverlapScheduler:
         per micro-batch and chunk dispatch and combine; micro-batches with zero rows still
         take part); host syncs for validation and count gathering.
         """
+        return drive(self.forward_steps(layer, x, router_logits,
+                                        all_rank_num_tokens=all_rank_num_tokens,
+                                        use_dp_padding=use_dp_padding,
+                                        input_ready_event=input_ready_event))
+
+    def forward_steps(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor, *,
+                      all_rank_num_tokens: Sequence[int] | None, use_dp_padding: bool,
+                      input_ready_event: Any) -> Generator[str, None, torch.Tensor]:
+        """:meth:`forward` as a generator that yields :data:`ALL_ISSUED` once, when both
+        micro-batches (or the unsplit forward) have issued every collective; see
+        ``ExternalCommScheduler.forward_steps``. Returns ``[T, H]``."""
         ext = self._external
         cursor = CollectiveCursor(step=layer.step)
         counts = ext.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
@@ -84,7 +95,7 @@ class DualBatchOverlapScheduler:
             strategy = ext.determine_communication_method(layer, plan)
             ctx = ext.context(layer, x, router_logits, plan=plan, cursor=cursor,
                               strategy=strategy, input_ready_event=input_ready_event)
-            return drive(ext.steps(layer, ctx))
+            return (yield from with_all_issued(ext.steps(layer, ctx), ctx))
         halves = micro_batch_counts(counts)
         plans = [plan_forward(c, rank=rank, use_dp_padding=use_dp_padding,
                               max_num_tokens=chunk_rows) for c in halves]
@@ -101,38 +112,49 @@ class DualBatchOverlapScheduler:
                 hooks_end=u == 1, row_base=0 if u == 0 else sum(halves[0]),
                 shared_rows=max(counts))
             for u, (xs, ls) in enumerate(parts)]
-        return torch.cat(self._interleave(layer, makers), dim=0)
+        outs = yield from self._interleave(layer, makers)
+        return torch.cat(outs, dim=0)
 
     def _micro_batch(self, layer: LayerView, u: int,
                      make_context: Callable[..., ForwardContext]
                      ) -> Generator[str, None, torch.Tensor]:
-        """Micro-batch ``u`` under its ``dbo/ub{u}`` range, a ``dbo/yield`` mark per yield.
-        Its context is made inside the range (when the micro-batch is first stepped), so the
-        logits' ``pad`` and the [AUX_STREAM] ``shared`` ranges it issues nest there."""
+        """Micro-batch ``u`` under its ``dbo/ub{u}`` range, a ``dbo/yield`` mark per yield
+        (none for :data:`ALL_ISSUED`, which only reports). Its context is made inside the
+        range (when the micro-batch is first stepped), so the logits' ``pad`` and the
+        [AUX_STREAM] ``shared`` ranges it issues nest there."""
         tracer = Tracer(layer_idx=layer.layer_idx, rank=layer.mapping.rank,
                         recorder=layer.recorder, ub=u)
         with tracer.ub(u):
             ctx = make_context(tracer=tracer)
-            steps = self._external.steps(layer, ctx)
+            steps = with_all_issued(self._external.steps(layer, ctx), ctx)
             while True:
                 try:
                     what = next(steps)
                 except StopIteration as stop:
                     return stop.value
-                tracer.mark()
+                if what != ALL_ISSUED:
+                    tracer.mark()
                 yield what
 
-    def _interleave(self, layer: LayerView,
-                    makers: list[Callable[..., ForwardContext]]) -> list[torch.Tensor]:
-        """Step the micro-batches round-robin from their yields; their outputs in order."""
+    def _interleave(self, layer: LayerView, makers: list[Callable[..., ForwardContext]]
+                    ) -> Generator[str, None, list[torch.Tensor]]:
+        """Step the micro-batches round-robin from their yields; returns their outputs in
+        order. Yields :data:`ALL_ISSUED` once, when every micro-batch has issued all its
+        collectives (a micro-batch's own ``ALL_ISSUED`` ends its turn with no work done, so
+        the issue order is unchanged)."""
         gens = [self._micro_batch(layer, u, make) for u, make in enumerate(makers)]
         outs: list[Any] = [None] * len(gens)
-        live = list(range(len(gens)))
+        live, issued, told = list(range(len(gens))), set(), False
         while live:
             for u in list(live):
                 try:
-                    next(gens[u])
+                    if next(gens[u]) == ALL_ISSUED:
+                        issued.add(u)
                 except StopIteration as stop:
                     outs[u] = stop.value
                     live.remove(u)
+                    issued.add(u)
+                if not told and len(issued) == len(gens):
+                    told = True
+                    yield ALL_ISSUED
         return outs

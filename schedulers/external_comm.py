@@ -46,12 +46,15 @@ from schedulers.validation import LayerState, RankState, agree_counts, check_loc
 from traces import Tracer
 
 __all__ = ["ExternalCommScheduler", "DISPATCH_ISSUED", "COMBINE_ISSUED", "SHARED_ISSUED",
-           "drive"]
+           "ALL_ISSUED", "drive", "with_all_issued"]
 
 #: What :meth:`ExternalCommScheduler.steps` yields (the DBO scheduler switches there).
 DISPATCH_ISSUED = "dispatch_issued"
 COMBINE_ISSUED = "combine_issued"
 SHARED_ISSUED = "shared_issued"  # the DURING_COMBINE shared MLP, issued after the last combine
+#: What a whole forward's steps (``forward_steps``) yield once, when every collective of the
+#: forward is issued and only waits are left (``ConfigurableMoE.forward_async`` returns there).
+ALL_ISSUED = "all_issued"
 
 _NULL = contextlib.nullcontext()
 
@@ -63,6 +66,24 @@ def drive(steps: Generator[str, None, torch.Tensor]) -> torch.Tensor:
             next(steps)
         except StopIteration as stop:
             return stop.value
+
+
+def with_all_issued(steps: Generator[str, None, torch.Tensor], ctx: ForwardContext
+                    ) -> Generator[str, None, torch.Tensor]:
+    """``steps`` (one forward or micro-batch of ``ctx``), passing its yields through, plus
+    :data:`ALL_ISSUED` right after its last issue: the last chunk's combine, or the
+    ``DURING_COMBINE`` shared MLP after it. Returns the steps' output."""
+    last = SHARED_ISSUED if shared_expert.issues_during_combine(ctx) else COMBINE_ISSUED
+    combines = 0
+    while True:
+        try:
+            what = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        yield what
+        combines += what == COMBINE_ISSUED
+        if what == last and combines == ctx.plan.num_chunks:
+            yield ALL_ISSUED
 
 
 class ExternalCommScheduler:
@@ -86,6 +107,26 @@ class ExternalCommScheduler:
         ctx = self.planned(layer, x, router_logits, counts, cursor,
                            use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
         return drive(self.steps(layer, ctx))
+
+    def forward_steps(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor, *,
+                      all_rank_num_tokens: Sequence[int] | None, use_dp_padding: bool,
+                      input_ready_event: Any) -> Generator[str, None, torch.Tensor]:
+        """:meth:`forward` as a generator that yields :data:`ALL_ISSUED` once, when every
+        collective is issued and only the last combine's wait (and the output's assembly) is
+        left; other yields are switch points of no meaning to a caller. Returns ``[T, H]``.
+        Side effects: as :meth:`forward`, as the generator is stepped. (:meth:`forward` keeps
+        its own straight body: the one-rank path's host cost has no generator in it.)"""
+        cursor = CollectiveCursor(step=layer.step)
+        counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
+                                   use_dp_padding=use_dp_padding)
+        straight = one_rank.applies(layer, counts[0])
+        if straight is not None:  # the host-lean path, same result; no collective
+            out = one_rank.forward(layer, x, router_logits, straight, input_ready_event)
+            yield ALL_ISSUED
+            return out
+        ctx = self.planned(layer, x, router_logits, counts, cursor,
+                           use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
+        return (yield from with_all_issued(self.steps(layer, ctx), ctx))
 
     # -- entry -----------------------------------------------------------------------------
     def begin(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor, *,

@@ -67,6 +67,12 @@ def start(layer: Any, ctx: Any) -> None:
         _issue(layer, ctx, "aux")
 
 
+def issues_during_combine(ctx: Any) -> bool:
+    """Whether this forward's shared MLP is issued after its last combine (``DURING_COMBINE``:
+    its steps then yield once more). Pure."""
+    return ctx.shared is not None and ctx.shared.order is _DURING
+
+
 def during_combine(layer: Any, ctx: Any) -> bool:
     """Right after the last chunk's combine is issued: ``DURING_COMBINE`` issues the MLP.
     Returns whether it did (the DBO scheduler yields after it). No host sync."""

@@ -169,12 +169,32 @@ def _emit(info, ceilings, peers, cells, args, out, err) -> int:
     return 0
 
 
-def _from_json(args, out, err) -> int:
-    from moerun.bench.analysis import analyze_cell
-    from moerun.bench.report import cell_line, from_json
+def _read_saved(path: str):
+    """``(info, ceilings, cells)`` of a saved ``--out`` file; a ValueError naming
+    ``--from-json`` when it cannot be read or is not one. Host only."""
+    from moerun.bench.report import from_json
 
-    with open(args.from_json) as f:
-        info, ceilings, cells = from_json(json.load(f))
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"--from-json {path}: cannot read it ({exc.strerror or exc})") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"--from-json {path}: not a JSON file ({exc})") from None
+    what = f"a JSON {type(data).__name__}, not an object"
+    if isinstance(data, dict):
+        try:
+            return from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+    raise ValueError(f"--from-json {path}: not a moerun bench --out file ({what})")
+
+
+def _from_json(args, saved, out, err) -> int:
+    from moerun.bench.analysis import analyze_cell
+    from moerun.bench.report import cell_line
+
+    info, ceilings, cells = saved
     peers = _resolve_peers(args.peers, err)
     print(f"# from {args.from_json}: {info.command} ({info.date}, {info.device})", file=out)
     print(f"ceilings: {ceilings.describe()}", file=out)
@@ -190,31 +210,37 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run the benchmark described by ``args`` (from :func:`add_arguments`).
 
     Returns 0, 1 when a backend failed its correctness check (or raised), 2 on a usage
-    error. Without ``--shapes`` a CPU run uses the ``tiny`` shape (``args.shapes`` is set to
-    it, so the printed command reproduces the run). Side effects: allocates each shape's
+    error (``--from-json`` unreadable, ``--write-selection`` without a source: checked before
+    any work). Without ``--shapes`` a CPU run uses the ``tiny`` shape (``args.shapes`` is set
+    to it, so the printed command reproduces the run). Side effects: allocates each shape's
     weights on the device (deepseek-v3 bf16: 22.5 GB), writes ``--out`` / ``--write-results``
     files. Host syncs: many.
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    write_selection = getattr(args, "write_selection", None)
+    try:
+        if write_selection and not (args.from_json or args.out):
+            raise ValueError("--write-selection needs --from-json or --out")
+        saved = _read_saved(args.from_json) if args.from_json else None
+    except ValueError as exc:
+        print(f"moerun bench: {exc}", file=err)
+        return 2
     if args.dtype == "fp8" and not args.from_json:
         from moerun.bench.fp8 import run as run_fp8
 
         return run_fp8(args, out, err)
-    status = _from_json(args, out, err) if args.from_json else _run_matrix(args, out, err)
-    if getattr(args, "write_selection", None) and status != 2:
-        source = args.from_json or args.out
-        if source is None:
-            print("moerun bench: --write-selection needs --from-json or --out", file=err)
-            return 2
+    status = (_from_json(args, saved, out, err) if saved is not None
+              else _run_matrix(args, out, err))
+    if write_selection and status != 2:
         from moerun.backends.selection import selection_table
 
-        with open(source) as f:
+        with open(args.from_json or args.out) as f:
             table = selection_table(json.load(f))
-        with open(args.write_selection, "w") as f:
+        with open(write_selection, "w") as f:
             json.dump(table, f, indent=1)
             f.write("\n")
-        print(f"wrote {args.write_selection}", file=out)
+        print(f"wrote {write_selection}", file=out)
     return status
 
 

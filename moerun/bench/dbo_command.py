@@ -33,6 +33,7 @@ _MAX_LOSS = 0.05
 
 def _gpu(args: argparse.Namespace, out) -> int:
     from moerun.bench.layer import LAYER_SHAPES, LayerSettings, build_layer, make_weights
+    from moerun.bench.shapes import parse_tokens
     from moerun.bench.shared_command import shared_shapes
     from moerun.bench.timing import time_samples
     from schedulers import DBOConfig, decide_split
@@ -41,7 +42,7 @@ def _gpu(args: argparse.Namespace, out) -> int:
     dtype = getattr(torch, args.dtype)
     settings = LayerSettings(device=device, dtype=dtype, repeats=args.repeats,
                              warmup=args.warmup)
-    tokens = ([int(v) for v in args.tokens.split(",")] if args.tokens else list(_GPU_TOKENS))
+    tokens = parse_tokens(args.tokens) or list(_GPU_TOKENS)
     forced = DBOConfig(small_threshold=2, large_threshold=2,
                        min_rows_per_expert_one_rank=0.0)
     default = DBOConfig()
@@ -110,7 +111,9 @@ def _rank(rank: int, world_size: int, group, store, *, tokens: int, repeats: int
             res[name] = statistics.median(times)
             if trace_dir is not None:
                 import traces
+                from moerun.cli_run import align_ranks_for_capture
 
+                align_ranks_for_capture(group)  # else the first rank to start waits, "exposed"
                 cap = traces.capture(lambda: layer(x, logits, all_rank_num_tokens=counts),
                                      trace_dir, name=f"{name}-rank{rank}")
                 rep = traces.overlap(cap.path)
@@ -120,10 +123,11 @@ def _rank(rank: int, world_size: int, group, store, *, tokens: int, repeats: int
 
 
 def _cpu(args: argparse.Namespace, out) -> int:
+    from moerun.bench.shapes import parse_tokens
     from moerun.launch import launch
 
     ranks = args.ranks or 2
-    tokens = int(args.tokens) if args.tokens else 512
+    tokens = parse_tokens(args.tokens)[0] if args.tokens else 512
     trace_dir = args.trace
     results = launch(_rank, ranks, tokens=tokens, repeats=args.repeats, trace_dir=trace_dir)
     for r, res in enumerate(results):
@@ -137,12 +141,41 @@ def _cpu(args: argparse.Namespace, out) -> int:
     return 0
 
 
+def _usage_error(args: argparse.Namespace) -> tuple[str | None, str]:
+    """``(problem, device)``: the one-line usage error of ``--dbo``'s flags (None when they are
+    fine) and the device it runs on. Checked before any work."""
+    from moerun.bench.device import device_of
+    from moerun.bench.shapes import parse_tokens
+    from moerun.cli_run import check_out_dir
+
+    try:
+        device = device_of(args.device)
+        tokens = parse_tokens(args.tokens)
+    except ValueError as exc:
+        return str(exc), args.device
+    if args.ranks is not None and args.ranks < 2:
+        return f"--ranks must be >= 2 (got {args.ranks})", device
+    if args.repeats < 1:
+        return f"--repeats must be >= 1 (got {args.repeats})", device
+    if args.warmup < 0:
+        return f"--warmup must be >= 0 (got {args.warmup})", device
+    if device == "cpu" and tokens is not None and len(tokens) != 1:
+        return (f"--tokens {args.tokens!r}: --dbo on CPU takes one count (tokens per "
+                "rank)"), device
+    if device == "cpu" and args.trace is not None:
+        return check_out_dir("--trace", args.trace), device
+    return None, device
+
+
 def run_dbo_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
-    """Run ``moerun bench --dbo``. Returns 0, or 2 on a usage error."""
+    """Run ``moerun bench --dbo``. Returns 0, or 2 on a usage error (reported before any
+    rank starts)."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    device = args.device if args.device != "auto" else (
-        "cuda" if torch.cuda.is_available() else "cpu")
+    problem, device = _usage_error(args)
+    if problem is not None:
+        print(f"moerun bench: {problem}", file=err)
+        return 2
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     where = (torch.cuda.get_device_name() if device == "cuda" else
              f"cpu ({os.cpu_count()} cores), gloo, {args.ranks or 2} ranks")

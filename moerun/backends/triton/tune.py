@@ -159,7 +159,7 @@ def build_parser(prog: str = "moerun tune") -> argparse.ArgumentParser:
                         "moerun bench does; with --dtype fp8 the fp8 rate too, as moerun "
                         "bench --dtype fp8 measures it)")
     p.add_argument("--workers", type=int, default=0,
-                   help="parallel compile processes (default 0: CPU cores - 2)")
+                   help="parallel compile processes, >= 0 (default 0: CPU cores - 2)")
     return p
 
 
@@ -193,6 +193,10 @@ def main(argv=None, prog: str = "moerun tune") -> int:
         given = parse_ceilings(args.ceilings) if args.ceilings else None
         if args.plan and args.dry_run:
             raise ValueError("--plan and --dry-run: pick one")
+        if args.workers < 0:
+            raise ValueError(f"--workers must be >= 0 (got {args.workers})")
+        if not args.budget_s > 0:  # NaN included
+            raise ValueError(f"--budget-s must be > 0 (got {args.budget_s:g})")
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
