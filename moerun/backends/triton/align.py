@@ -34,6 +34,7 @@ accumulator -- the ``"atomic"`` combine's ``[M, H]`` sum -- so zeroing costs no 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ ZERO_BLOCK = 8192  # fp32 elements each zeroing program clears
 SINGLE_WARPS = 16
 GRID_WARPS = 4
 _USE_HISTOGRAM = [True]  # flipped once if tl.histogram fails to compile for this target
+_LOG = logging.getLogger(__name__)
 _NUM_SMS: dict = {}
 
 
@@ -360,7 +362,10 @@ def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
         except Exception as e:  # noqa: BLE001 -- a compile error surfaces on first launch
             if "histogram" not in repr(e).lower() and "Compilation" not in type(e).__name__:
                 raise
-            _USE_HISTOGRAM[0] = False
+            _USE_HISTOGRAM[0] = False  # a property of the target, so for the process
+            _LOG.warning("moe_align: tl.histogram does not compile on this target (%s: %s); "
+                         "the alignment counts with atomics from now on (same result)",
+                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             launch(False)
     else:
         launch(False)
