@@ -122,6 +122,8 @@ def test_eplb_sim_accepts_the_edge_values(capsys, tmp_path):
     (["--layer", "--dbo"], ["--layer", "--dbo", "pick one"]),
     (["--overhead", "--shared"], ["--overhead", "--shared", "pick one"]),
     (["--layer", "--dtype", "fp8"], ["--dtype fp8", "--layer"]),
+    # a CPU run's order timings would go into the packaged table resolve reads
+    (["--shared", "--write-table", *_CHEAP], ["--write-table", "give a path"]),
 ])
 def test_bench_rejects(capsys, tmp_path, monkeypatch, argv, words):
     monkeypatch.chdir(tmp_path)

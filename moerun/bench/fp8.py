@@ -19,7 +19,7 @@ The fp8 floor (as ``shared/peers/fp8-h200-*.json``): ``max(flops / fp8 rate, (hi
 scale bytes + 4*T*H) / BW)`` -- weights one byte per element, their fp32 block scales, ``x``
 read and ``out`` written in bf16 -- with the fp8 rate measured in the same run
 (``torch._scaled_mm`` 8192^3 e4m3, with and without fast accumulation, the larger) and BW the
-stack's bandwidth ceiling (``moerun.bench.ceilings``). On a CPU the fp8 rate is the bf16
+stack's bandwidth ceiling (``moerun.bench.ceilings``). On a CPU the fp8 rate is the fp32
 matmul rate (there is no fp8 GEMM to measure), and the floor ratios say nothing.
 """
 
@@ -308,7 +308,9 @@ def run(args, out, err) -> int:
           file=out)
     print(f"ceilings: {ceilings.describe()}; fp8 rate plain {rates['plain'] / 1e12:.1f} fast "
           f"{rates['fast'] / 1e12:.1f} TFLOP/s"
-          + ("" if device.type == "cuda" else " (cpu: the bf16 matmul rate)"), file=out)
+          + ("" if device.type == "cuda" else " (cpu: the fp32 matmul rate; no fp8 GEMM to "
+                                                 "time, the floor ratios say nothing)"),
+          file=out)
     out.flush()
 
     def on_cell(c):

@@ -95,6 +95,12 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
         if not tokens or min(tokens) < 1:
             raise ValueError(f"--tokens {args.tokens!r}: every count must be >= 1")
         given = parse_ceilings(args.ceilings) if args.ceilings else None
+        if args.write_table == "default" and not cuda:
+            # NOTE: a CPU run on a shared 2-core machine timed the orders 200x apart from
+            # one run to the next (2026-12-05 review), and resolve reads the packaged table
+            raise ValueError("--write-table without a path writes the packaged table that "
+                             "resolve reads; a CPU run's timings do not belong there: give "
+                             "a path (--write-table PATH)")
     except ValueError as exc:
         print(f"moerun bench: {exc}", file=err)
         return 2
