@@ -155,6 +155,24 @@ def _pick(kind: str, requested: Any, candidates: list[type], by_name, problem: P
     return chosen
 
 
+def _deepep_rejections(problem: Problem, deployment: Deployment, env: Env
+                       ) -> list[Rejection]:
+    """DeepEP per mode (DESIGN 5: the report says why it is not used): its first static limit
+    that fails here (the library missing, first), else UNIMPLEMENTED, since moerun has no
+    runnable DeepEP strategy yet. Pure."""
+    from moerun.comm.deepep import DEEPEP_MODES, deepep_limits
+
+    out = []
+    for mode in DEEPEP_MODES:
+        elig = deepep_limits(problem, deployment, env, mode=mode)
+        if elig.ok:
+            elig = Eligibility.no(RejectReason.UNIMPLEMENTED, "its limits hold here, but moerun "
+                                  "has no runnable DeepEP strategy yet (multi-GPU work)")
+        out.append(Rejection(kind="comm", name=f"deepep-{mode}", reason=elig.reason,
+                             detail=elig.detail))
+    return out
+
+
 def _pick_router(requested: str, problem: Problem, env: Env,
                  rejected: list[Rejection]) -> type:
     """``"auto"``: the fused kernel where it runs natively (CUDA), else the torch twin; under
@@ -334,6 +352,8 @@ def resolve(problem: Problem, deployment: Deployment, env: Env, *,
         raise ValueError(f"backend {backend_cls.name} does not support num_slots % ep_size != 0")
     strategy_cls = _pick("comm", comm, strategy_candidates(), strategy_class, problem,
                          deployment, env, rejected)
+    if deployment.world_size > 1:
+        rejected.extend(_deepep_rejections(problem, deployment, env))
     router_cls = _pick_router(router, problem, env, rejected)
     if backend_cls.scheduler_kind != SchedulerKind.EXTERNAL_COMM:  # pragma: no cover
         raise ValueError(f"backend {backend_cls.name} needs a {backend_cls.scheduler_kind} "

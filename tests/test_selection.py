@@ -79,3 +79,21 @@ def test_report_workspace_names_its_chunk_rows():
     unbounded = resolve(cpu, dep, probe_env(), backend="reference")
     assert unbounded.workspace_bytes_per_chunk == per_row
     assert "MiB per row (max_num_tokens=None: a chunk is the whole forward" in str(unbounded)
+
+
+def test_report_says_why_deepep_is_not_used():
+    # DESIGN 5: the report names DeepEP and why (it was missing from the rejections)
+    cpu = _problem(e=8, k=2, h=64, i=32, dtype=torch.float32, device="cpu")
+    two = Deployment(rank=0, world_size=2, comm_backend="gloo", num_local_slots=4,
+                     divisible=True)
+    env = dataclasses.replace(probe_env(), deep_ep_version=None)
+    text = str(resolve(cpu, two, env, backend="reference"))
+    for mode in ("normal", "low_latency"):
+        assert f"comm deepep-{mode}: package_missing (deep_ep is not importable." in text
+    # importable: the first static limit that fails (a CPU layer), never "chosen"
+    env = dataclasses.replace(probe_env(), deep_ep_version="1.2.1")
+    report = resolve(cpu, two, env, backend="reference")
+    assert {(r.name, r.reason.value) for r in report.rejected if "deepep" in r.name} == {
+        ("deepep-normal", "device"), ("deepep-low_latency", "device")}
+    one = resolve(cpu, DEP, env, backend="reference")  # one rank: nothing to say
+    assert not any("deepep" in r.name for r in one.rejected)
