@@ -270,17 +270,18 @@ class ExternalCommScheduler:
         tracer, bal = ctx.tracer, layer.balancer
         with tracer.phase("dispatch.wait", stream=role):
             dispatched.wait()
-        ids, weights, fused = shared_expert.fuse(layer, ctx, c, dispatched)
+        routing = shared_expert.fuse(layer, ctx, c, dispatched)
+        ids, weights = routing.topk_ids, routing.topk_weights
         if layer.config.quant is not None:  # FP8 (DESIGN 11a); never FUSED
             expert_out = self._run_quantized(layer, ctx, dispatched, ids, weights, role)
         else:
             with tracer.phase("experts", stream=role):
-                if fused is None:
+                if routing.fused is None:
                     expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
                                                            weights, ids)
                 else:  # FUSED: the shared slots ride along in the routed kernels
                     expert_out = layer.backend.run_experts(dispatched.x, layer.w13, layer.w2,
-                                                           weights, ids, shared=fused)
+                                                           weights, ids, shared=routing.fused)
         if bal.enabled and ctx.hooks_end and c == ctx.plan.num_chunks - 1:
             with tracer.phase("eplb.start_set_cpu", stream=role):
                 bal.start_set_cpu(ctx)

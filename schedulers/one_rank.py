@@ -131,8 +131,9 @@ def issue(layer: Any, x: torch.Tensor, router_logits: torch.Tensor, straight: St
         out = backend.run_experts(xin, layer.w13, layer.w2, weights, ids,
                                   quant=layer.expert_quant)
     elif regime is not None and regime.order is _FUSED:
-        ids, weights, fused = fused_slots(layer, xin, ids, weights, 0, xin.shape[0])
-        return backend.run_experts(xin, layer.w13, layer.w2, weights, ids, shared=fused)
+        fused = fused_slots(layer, xin, ids, weights, 0, xin.shape[0])
+        return backend.run_experts(xin, layer.w13, layer.w2, fused.topk_weights,
+                                   fused.topk_ids, shared=fused.fused)
     else:
         out = backend.run_experts(xin, layer.w13, layer.w2, weights, ids)
     if regime is not None:  # SEQUENTIAL: on the caller's rows

@@ -23,6 +23,7 @@ shared slots (``Is / I``), ``S`` local slots.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,7 +32,8 @@ import torch.nn.functional as F
 from moerun.backends.base import FusedShared
 from moerun.shared_expert import SharedExpertOrder
 
-__all__ = ["start", "during_combine", "fuse", "fused_slots", "finish"]
+__all__ = ["ExpertRouting", "start", "during_combine", "issues_during_combine", "fuse",
+           "fused_slots", "finish"]
 
 _SEQ, _AUX = SharedExpertOrder.SEQUENTIAL, SharedExpertOrder.AUX_STREAM
 _DURING, _FUSED = SharedExpertOrder.DURING_COMBINE, SharedExpertOrder.FUSED
@@ -82,14 +84,25 @@ def during_combine(layer: Any, ctx: Any) -> bool:
     return True
 
 
-def fuse(layer: Any, ctx: Any, c: int, dispatched: Any
-         ) -> tuple[torch.Tensor, torch.Tensor, FusedShared | None]:
-    """``(topk_ids [M, K+n], topk_weights [M, K+n], FusedShared)`` for chunk ``c`` under
-    ``FUSED``: the shared slots ``S..S+n-1`` on this rank's own real rows (weight 1 or
-    ``sigmoid(x g^T)``), ``-1`` / 0 elsewhere; the dispatched ids and weights and None
-    otherwise. Device ops only, no host sync."""
+@dataclass(frozen=True, kw_only=True)
+class ExpertRouting:
+    """What the experts of one chunk run: ``topk_ids [M, K']`` int32, ``topk_weights
+    [M, K']`` fp32 and, under ``FUSED``, the :class:`FusedShared` slots ``K' = K + n`` add
+    (None otherwise, ``K' = K``). Named, since the router's own result orders the two
+    tensors the other way (weights first)."""
+
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    fused: FusedShared | None = None
+
+
+def fuse(layer: Any, ctx: Any, c: int, dispatched: Any) -> ExpertRouting:
+    """Chunk ``c``'s :class:`ExpertRouting`: under ``FUSED`` the shared slots ``S..S+n-1``
+    on this rank's own real rows (weight 1 or ``sigmoid(x g^T)``), ``-1`` / 0 elsewhere;
+    the dispatched ids and weights otherwise. Device ops only, no host sync."""
     if ctx.shared is None or ctx.shared.order is not _FUSED:
-        return dispatched.topk_ids, dispatched.topk_weights, None
+        return ExpertRouting(topk_ids=dispatched.topk_ids,
+                             topk_weights=dispatched.topk_weights)
     lo, hi = ctx.strategy.own_rows(dispatched)
     c_lo, c_hi = ctx.plan.bounds[c]
     hi = lo + max(0, min(c_hi, ctx.plan.num_tokens) - c_lo)  # padded rows visit nothing
@@ -98,10 +111,10 @@ def fuse(layer: Any, ctx: Any, c: int, dispatched: Any
 
 
 def fused_slots(layer: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, FusedShared]:
+                lo: int, hi: int) -> ExpertRouting:
     """``FUSED``'s routing of ``M`` rows ``x [M, H]``: ``ids [M, K]`` int32 and ``weights
     [M, K]`` fp32 with the shared slots ``S..S+n-1`` appended on rows ``lo:hi`` (weight 1 or
-    ``sigmoid(x g^T)``), ``-1`` / 0 on the others; and the :class:`FusedShared` the kernels
+    ``sigmoid(x g^T)``), ``-1`` / 0 on the others, and the :class:`FusedShared` the kernels
     read. Device ops only, no host sync."""
     se = layer.shared_expert
     rows, dev = x.shape[0], x.device
@@ -120,7 +133,8 @@ def fused_slots(layer: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.T
         s_ids[lo:hi] = slots
         s_w[lo:hi] = gate[lo:hi]
     fused = FusedShared(w13=se.w13, w2=se.w2, first_slot=num_local, num_slots=n)
-    return torch.cat([ids, s_ids], dim=1), torch.cat([weights, s_w], dim=1), fused
+    return ExpertRouting(topk_ids=torch.cat([ids, s_ids], dim=1),
+                         topk_weights=torch.cat([weights, s_w], dim=1), fused=fused)
 
 
 def finish(layer: Any, ctx: Any, out: torch.Tensor) -> torch.Tensor:
