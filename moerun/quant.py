@@ -88,7 +88,7 @@ class QuantConfig:
         return -(-n // bn), -(-k // bk)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class QuantizedRows:
     """Activations in FP8 with their per-group scales (what travels under post-quant dispatch).
 

@@ -46,7 +46,7 @@ __all__ = ["Straight", "applies", "forward", "issue"]
 _SEQ, _FUSED = SharedExpertOrder.SEQUENTIAL, SharedExpertOrder.FUSED
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Straight:
     """A forward that takes this path, and its shared-expert regime (None: no shared
     expert; else ``SEQUENTIAL`` or ``FUSED`` without an SM partition)."""

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class FusedShared:
     """The shared expert as extra slots of one ``run_experts`` call (the ``FUSED`` order).
 

@@ -65,7 +65,7 @@ def capture() -> list[tuple[str, object, tuple, int, int | None]]:
     ]:
         x = torch.zeros(m, h, dtype=torch.bfloat16)
         if quantized:
-            x = QuantizedRows(codes(m, h), torch.ones(m, h // 128), 128)
+            x = QuantizedRows(data=codes(m, h), scale=torch.ones(m, h // 128), group=128)
         label[0] = name
         run_experts_fp8(x, w13, w2, s13, s2, torch.ones(m, k),
                         torch.zeros(m, k, dtype=torch.int32), c, torch.bfloat16)

@@ -63,7 +63,7 @@ _LOG = logging.getLogger(__name__)
 _NUM_SMS: dict = {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Alignment:
     """Result of :func:`moe_align` (all device tensors, int32).
 
@@ -339,7 +339,8 @@ def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
             block_m, s_p2, GRID_CHUNK, COUNTER_STRIDE, ZERO_BLOCK,
             num_warps=GRID_WARPS,
         )
-        return Alignment(sorted_ids, expert_ids, num_post, block_m, num_pairs, max_blocks)
+        return Alignment(sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post,
+                         block_m=block_m, num_pairs=num_pairs, max_blocks=max_blocks)
 
     # decode sizes: a narrower program (fewer warps to synchronise, shorter chains)
     chunk = min(ALIGN_CHUNK, max(256, next_pow2(max(num_pairs, max_rows // 4))))
@@ -369,7 +370,8 @@ def moe_align(topk_ids: torch.Tensor, num_slots: int, block_m: int,
             launch(False)
     else:
         launch(False)
-    return Alignment(sorted_ids, expert_ids, num_post, block_m, num_pairs, max_blocks)
+    return Alignment(sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post,
+                     block_m=block_m, num_pairs=num_pairs, max_blocks=max_blocks)
 
 
 # ---------------------------------------------------------------- torch twin
@@ -401,7 +403,8 @@ def moe_align_torch(topk_ids: torch.Tensor, num_slots: int, block_m: int) -> Ali
     row0 = torch.arange(max_blocks, device=dev) * block_m
     slot = torch.searchsorted(ends[:num_slots].contiguous(), row0, right=True)
     expert_ids = torch.where(slot < num_slots, slot, torch.full_like(slot, -1))
-    return Alignment(sorted_ids[:max_rows].to(torch.int32), expert_ids.to(torch.int32),
-                     ends[num_slots - 1:num_slots].to(torch.int32) if num_slots > 0 else
-                     torch.zeros(1, dtype=torch.int32, device=dev),
-                     block_m, num_pairs, max_blocks)
+    num_post = ends[num_slots - 1:num_slots].to(torch.int32) if num_slots > 0 else \
+        torch.zeros(1, dtype=torch.int32, device=dev)
+    return Alignment(sorted_ids=sorted_ids[:max_rows].to(torch.int32),
+                     expert_ids=expert_ids.to(torch.int32), num_post=num_post,
+                     block_m=block_m, num_pairs=num_pairs, max_blocks=max_blocks)
