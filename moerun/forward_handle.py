@@ -26,14 +26,15 @@ class ForwardHandle:
     run in order on every rank).
     """
 
-    __slots__ = ("_check", "_error", "_finish", "_out", "_steps")
+    __slots__ = ("_check", "_error", "_finish", "_out", "_steps", "_stream")
 
     def __init__(self, steps: Generator[str, None, torch.Tensor],
                  finish: Callable[[ForwardHandle, bool], None],
-                 check: Callable[[], None]) -> None:
+                 check: Callable[[], None], stream: Any = None) -> None:
         self._steps = steps
         self._finish = finish
         self._check = check
+        self._stream = stream  # CUDA: the stream current at forward_async; None on CPU
         self._out: torch.Tensor | None = None
         self._error: BaseException | None = None
 
@@ -57,7 +58,11 @@ class ForwardHandle:
             raise self._error
         try:
             self._check()
-            out = drive(self._steps)
+            if self._stream is None:
+                out = drive(self._steps)
+            else:  # the rest of the forward on the stream it was issued on
+                with torch.cuda.stream(self._stream):
+                    out = drive(self._steps)
         except BaseException as exc:
             self._error = exc
             self._steps.close()

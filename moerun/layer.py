@@ -261,8 +261,9 @@ class ConfigurableMoE(nn.Module):
                                              all_rank_num_tokens=all_rank_num_tokens,
                                              use_dp_padding=use_dp_padding,
                                              input_ready_event=input_ready_event)
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         issue(steps, ALL_ISSUED)
-        handle = ForwardHandle(steps, self._finish_async, self.check_usable)
+        handle = ForwardHandle(steps, self._finish_async, self.check_usable, stream)
         self._counters.pending = handle
         return handle
 

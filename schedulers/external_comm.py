@@ -18,7 +18,9 @@ that :meth:`ExternalCommScheduler.begin` creates; the layer is read through
 One forward (or one DBO micro-batch) is the generator :meth:`steps`: it yields right after
 dispatch is issued and right after combine is issued (the ``|`` above), and returns the
 output. This scheduler drives it straight through; ``DualBatchOverlapScheduler`` interleaves
-two of them on one thread.
+two of them on one thread. :meth:`ExternalCommScheduler.forward_steps` is the whole forward as
+a generator that reports :data:`ALL_ISSUED` once every collective is issued, where
+``ConfigurableMoE.forward_async`` returns.
 
 Chunk overlap (4.1 step 6): on CUDA, with more than one chunk and a strategy that is not
 host-synchronising (``NoComm``, ``AllGatherReduceScatter``; not ``AllToAll``), even chunks run

@@ -71,3 +71,33 @@ def test_forward_async_on_one_rank_and_misuse():
         with pytest.raises(LayerClosedError, match="closed"):
             handle.wait()
     assert handle.done and repr(handle) == "ForwardHandle(failed)"
+
+
+@pytest.mark.gpu
+def test_forward_async_on_cuda_finishes_on_its_own_stream():
+    """On CUDA: ``wait()`` runs the rest of the forward on the stream that was current at
+    ``forward_async``, even when the caller has switched streams in between."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from moerun import ConfigurableMoE, MoEConfig
+
+    dev = torch.device("cuda")
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32,
+                    shared_intermediate_size=32, dtype=torch.float32)
+    g = torch.Generator(device=dev).manual_seed(5)
+    x = torch.randn(33, 64, generator=g, device=dev)
+    logits = torch.randn(33, 8, generator=g, device=dev)
+    w13 = torch.randn(8, 64, 64, generator=g, device=dev) / 8
+    w2 = torch.randn(8, 64, 32, generator=g, device=dev) / 8
+    shared = {"w13": torch.randn(64, 64, generator=g, device=dev) / 8,
+              "w2": torch.randn(64, 32, generator=g, device=dev) / 8}
+    with ConfigurableMoE(cfg, device=dev, backend="reference") as layer:
+        layer.load_weights(w13, w2, shared=shared)
+        want = layer(x, logits)
+        handle = layer.forward_async(x, logits)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # the caller's own work on another stream
+            busy = torch.randn(512, 512, device=dev) @ torch.randn(512, 512, device=dev)
+            out = handle.wait()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and busy.isfinite().all()
