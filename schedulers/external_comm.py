@@ -100,15 +100,11 @@ class ExternalCommScheduler:
         dispatch and combine per chunk); host syncs for validation and count gathering; may
         replace the layer's strategy permanently (fallback).
         """
-        cursor = CollectiveCursor(step=layer.step)
-        counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
-                                   use_dp_padding=use_dp_padding)
-        straight = one_rank.applies(layer, counts[0])
-        if straight is not None:  # the host-lean path, same result
-            return one_rank.forward(layer, x, router_logits, straight, input_ready_event)
-        ctx = self.planned(layer, x, router_logits, counts, cursor,
+        start = self.begin(layer, x, router_logits, all_rank_num_tokens=all_rank_num_tokens,
                            use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
-        return drive(self.steps(layer, ctx))
+        if isinstance(start, ForwardContext):
+            return drive(self.steps(layer, start))
+        return one_rank.forward(layer, x, router_logits, start, input_ready_event)
 
     def forward_steps(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor, *,
                       all_rank_num_tokens: Sequence[int] | None, use_dp_padding: bool,
@@ -116,30 +112,31 @@ class ExternalCommScheduler:
         """:meth:`forward` as a generator that yields :data:`ALL_ISSUED` once, when every
         collective is issued and only the last combine's wait (and the output's assembly) is
         left; other yields are switch points of no meaning to a caller. Returns ``[T, H]``.
-        Side effects: as :meth:`forward`, as the generator is stepped. (:meth:`forward` keeps
-        its own straight body: the one-rank path's host cost has no generator in it.)"""
-        cursor = CollectiveCursor(step=layer.step)
-        counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
-                                   use_dp_padding=use_dp_padding)
-        straight = one_rank.applies(layer, counts[0])
-        if straight is not None:  # the host-lean path, same result; no collective
-            out = one_rank.forward(layer, x, router_logits, straight, input_ready_event)
-            yield ALL_ISSUED
-            return out
-        ctx = self.planned(layer, x, router_logits, counts, cursor,
+        Side effects: as :meth:`forward`, as the generator is stepped. (:meth:`forward` does
+        not drive this generator: the one-rank path's host cost has none in it.)"""
+        start = self.begin(layer, x, router_logits, all_rank_num_tokens=all_rank_num_tokens,
                            use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
-        return (yield from with_all_issued(self.steps(layer, ctx), ctx))
+        if isinstance(start, ForwardContext):
+            return (yield from with_all_issued(self.steps(layer, start), start))
+        out = one_rank.forward(layer, x, router_logits, start, input_ready_event)
+        yield ALL_ISSUED  # no collective on that path
+        return out
 
     # -- entry -----------------------------------------------------------------------------
     def begin(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor, *,
               all_rank_num_tokens: Sequence[int] | None, use_dp_padding: bool,
-              input_ready_event: Any) -> ForwardContext:
-        """Steps 1-4 and the forward's context: usability, counts and agreed validation,
-        the plan (zero-token fix, chunks), the communication method, logits padding, the
-        streams. Collectives: the validation/count gather when needed. Host sync: then."""
+              input_ready_event: Any) -> ForwardContext | one_rank.Straight:
+        """Steps 1-4: usability, counts and agreed validation; then, where one rank has
+        nothing to order, the host-lean path's :class:`~schedulers.one_rank.Straight` (same
+        result, see ``one_rank.forward``), else the forward's context (the plan with the
+        zero-token fix and chunks, the communication method, logits padding, the streams).
+        Collectives: the validation/count gather when needed. Host sync: then."""
         cursor = CollectiveCursor(step=layer.step)
         counts = self.agree_counts(layer, x, router_logits, all_rank_num_tokens, cursor,
                                    use_dp_padding=use_dp_padding)
+        straight = one_rank.applies(layer, counts[0])
+        if straight is not None:
+            return straight
         return self.planned(layer, x, router_logits, counts, cursor,
                             use_dp_padding=use_dp_padding, input_ready_event=input_ready_event)
 

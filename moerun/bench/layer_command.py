@@ -25,13 +25,11 @@ _CPU_TOKENS = (1, 16, 128)
 
 
 def _parse(args: argparse.Namespace):
+    from moerun.bench.device import device_of
     from moerun.bench.layer import CPU_LAYER_SHAPES, DEFAULT_LAYER_SHAPES, LAYER_SHAPES
+    from moerun.bench.shapes import parse_tokens
 
-    device_name = args.device
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+    device_name = device_of(args.device)
     cuda = device_name == "cuda"
     names = (args.shapes.split(",") if args.shapes else
              list(DEFAULT_LAYER_SHAPES if cuda else CPU_LAYER_SHAPES))
@@ -41,12 +39,7 @@ def _parse(args: argparse.Namespace):
         raise ValueError(f"--shapes {args.shapes!r}: unknown layer shape(s) {unknown}; "
                          f"valid with --layer: {', '.join(LAYER_SHAPES)}")
     if args.tokens:
-        try:
-            tokens = [int(v) for v in args.tokens.split(",") if v.strip()]
-        except ValueError:
-            raise ValueError(f"--tokens {args.tokens!r}: expected a comma list of ints") from None
-        if not tokens or min(tokens) < 1:
-            raise ValueError(f"--tokens {args.tokens!r}: every count must be >= 1")
+        tokens = parse_tokens(args.tokens)
     else:
         tokens = list(_DEFAULT_TOKENS if cuda else _CPU_TOKENS)
     backend = "auto"

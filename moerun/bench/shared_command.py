@@ -74,26 +74,20 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run ``moerun bench --shared``. Returns 0, 1 if a variant failed its correctness
     bound, 2 on a usage error. Writes the table with ``--write-table``."""
     from moerun.bench.ceilings import measure_ceilings, parse_ceilings
-    from moerun.bench.device import device_text
+    from moerun.bench.device import device_of, device_text
     from moerun.bench.layer import LayerSettings, build_layer, make_weights, measure_layer
+    from moerun.bench.shapes import parse_tokens
     from moerun.env import get_env
     from moerun.shared_table import SHARED_TABLE_PATH, row_key
     from moerun.testing import TOL
 
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    device_name = args.device if args.device != "auto" else (
-        "cuda" if torch.cuda.is_available() else "cpu")
-    if device_name == "cuda" and not torch.cuda.is_available():
-        print("moerun bench: --device cuda: no CUDA device is available", file=err)
-        return 2
-    device = torch.device(device_name)
-    cuda = device.type == "cuda"
     try:
-        tokens = ([int(v) for v in args.tokens.split(",") if v.strip()] if args.tokens
+        device = torch.device(device_of(args.device))
+        cuda = device.type == "cuda"
+        tokens = (parse_tokens(args.tokens) if args.tokens
                   else list(_GPU_TOKENS if cuda else _CPU_TOKENS))
-        if not tokens or min(tokens) < 1:
-            raise ValueError(f"--tokens {args.tokens!r}: every count must be >= 1")
         given = parse_ceilings(args.ceilings) if args.ceilings else None
         if args.write_table == "default" and not cuda:
             # NOTE: a CPU run on a shared 2-core machine timed the orders 200x apart from
