@@ -28,6 +28,7 @@ micro-batch on its own rows (``DURING_COMBINE``: during that micro-batch's combi
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable, Generator, Sequence
 
 import torch
@@ -41,6 +42,8 @@ from traces import Tracer
 
 __all__ = ["DualBatchOverlapScheduler"]
 
+log = logging.getLogger("moerun")
+
 
 class DualBatchOverlapScheduler:
     """Runs one layer forward as two interleaved micro-batches when the split rule says so,
@@ -53,15 +56,29 @@ class DualBatchOverlapScheduler:
     def __init__(self, config: DBOConfig | None = None) -> None:
         self.config = config or DBOConfig()
         self._external = ExternalCommScheduler()
+        self._warned_capture = False  # the capture warning is logged once per layer
 
     def decide(self, layer: LayerView, counts: tuple[int, ...]) -> SplitDecision:
         """The split decision for rank-identical ``counts`` (pure but for the capture
         query; the guard's experts per rank come from the slot partition, not this rank's
-        own count, so every rank decides alike)."""
+        own count, so every rank decides alike).
+
+        Side effects: under CUDA-graph capture, where the rule would otherwise split, a
+        warning on the ``moerun`` logger (once per scheduler): the captured forward runs
+        unsplit (DESIGN 13). No host sync; no collective."""
         capturing = layer.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         part = layer.partition
-        return decide_split(counts, config=self.config, top_k=layer.config.top_k,
-                            slots_per_rank=part.num_slots / part.ep_size, capturing=capturing)
+        rule = functools.partial(decide_split, counts, config=self.config,
+                                 top_k=layer.config.top_k,
+                                 slots_per_rank=part.num_slots / part.ep_size)
+        decision = rule(capturing=capturing)
+        if capturing and not self._warned_capture and rule(capturing=False).split:
+            self._warned_capture = True
+            log.warning("layer %s: scheduler='dbo' runs this captured forward unsplit (%s "
+                        "rows per rank would split eagerly: DBO is not captured into CUDA "
+                        "graphs, DESIGN 13); run these sizes eagerly to overlap them, or "
+                        "pass scheduler='external'", layer.layer_idx, list(counts))
+        return decision
 
     def forward(self, layer: LayerView, x: torch.Tensor, router_logits: torch.Tensor, *,
                 all_rank_num_tokens: Sequence[int] | None = None, use_dp_padding: bool = False,

@@ -51,6 +51,31 @@ def test_split_rule_hand_cases():
                             capturing=True).split
 
 
+def test_capture_runs_unsplit_and_says_so_once(monkeypatch, caplog):
+    """Under CUDA-graph capture the rule never splits; where it would split eagerly, the
+    scheduler warns once (a captured DBO forward is not silently unsplit)."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+
+    from schedulers import DualBatchOverlapScheduler
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    layer = SimpleNamespace(device=torch.device("cuda"), layer_idx=3,
+                            config=SimpleNamespace(top_k=2),
+                            partition=SimpleNamespace(num_slots=8, ep_size=2))
+    sched = DualBatchOverlapScheduler()
+    with caplog.at_level(logging.WARNING, logger="moerun"):
+        small = sched.decide(layer, (8, 8))  # below the threshold: no warning
+        assert not small.split and caplog.records == []
+        first = sched.decide(layer, (600, 600))
+        second = sched.decide(layer, (600, 600))
+    assert not first.split and "capture" in first.rule and not second.split
+    assert len(caplog.records) == 1
+    assert "layer 3" in caplog.text and "[600, 600]" in caplog.text
+
+
 def test_micro_batch_counts_take_the_ceiling_first():
     assert micro_batch_counts((0, 100, 2, 7)) == ((0, 50, 1, 4), (0, 50, 1, 3))
 
