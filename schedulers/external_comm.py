@@ -235,8 +235,9 @@ class ExternalCommScheduler:
             with tracer.phase("eplb.start_wait_gpu", stream=role):
                 bal.start_wait_gpu(ctx)
         with tracer.phase("route", stream=role):
-            weights, ids = layer.router(ctx.logits if single else ctx.logits[lo:hi],
-                                        valid_rows=max(0, plan.num_tokens - lo))
+            routed = layer.router(ctx.logits if single else ctx.logits[lo:hi],
+                                  valid_rows=max(0, plan.num_tokens - lo))
+        weights, ids = routed.topk_weights, routed.topk_ids
         slot_ids = ids
         if hooks:
             if first:

@@ -115,7 +115,8 @@ def issue(layer: Any, x: torch.Tensor, router_logits: torch.Tensor, straight: St
     through the router's and the backend's own calls. Same contract."""
     cfg = layer.config
     regime = straight.regime
-    weights, ids = layer.router(router_logits, valid_rows=x.shape[0])
+    routed = layer.router(router_logits, valid_rows=x.shape[0])
+    weights, ids = routed.topk_weights, routed.topk_ids
     if input_ready_event is not None:
         input_ready_event.wait()  # 4.2: just before x is first read
     xin = x

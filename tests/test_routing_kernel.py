@@ -117,8 +117,8 @@ def _routed(ids, weights):
 
     from moerun.routing import Routed
 
-    return Routed(torch.tensor(weights, dtype=torch.float32),
-                  torch.tensor(ids, dtype=torch.int32))
+    return Routed(topk_weights=torch.tensor(weights, dtype=torch.float32),
+                  topk_ids=torch.tensor(ids, dtype=torch.int32))
 
 
 def test_checker_accepts_any_valid_pick_under_tied_groups_and_nothing_else():

@@ -261,7 +261,7 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
         # correctness on sampled rows: routed (fp32 reference) + shared (fp32)
         out = layer(xs[0], logits[0])
         rows = torch.randperm(tokens, generator=gen, device=dev)[: settings.check_rows]
-        w0, ids0 = routed[0]
+        w0, ids0 = routed[0].topk_weights, routed[0].topk_ids
         ref = reference_rows(xs[0][rows], layer.w13, layer.w2, w0[rows], ids0[rows])
         if layer.shared_expert is not None:
             se = layer.shared_expert
@@ -275,8 +275,9 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
             return layer(xs[j % calls], logits[j % calls])
 
         def kernel_call(j: int) -> torch.Tensor:
-            w, ids = routed[j % calls]
-            return layer.backend.run_experts(xs[j % calls], layer.w13, layer.w2, w, ids)
+            r = routed[j % calls]
+            return layer.backend.run_experts(xs[j % calls], layer.w13, layer.w2,
+                                             r.topk_weights, r.topk_ids)
 
         rounds: list[float] = []
         rounds_checked: list[float] = []

@@ -237,7 +237,7 @@ def fused_route(router_logits: torch.Tensor, top_k: int, spec: RouteSpec, *,
     weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
     if t == 0:
-        return Routed(weights, ids)
+        return Routed(topk_weights=weights, topk_ids=ids)
     valid = t if valid_rows is None else valid_rows
     e_p2 = next_pow2(e)
     bt = block_rows(e, t)
@@ -248,4 +248,4 @@ def fused_route(router_logits: torch.Tensor, top_k: int, spec: RouteSpec, *,
             spec.sigmoid, spec.has_bias, spec.group_score, spec.num_groups,
             next_pow2(spec.num_groups), spec.topk_group, spec.renormalize,
             spec.eps, num_warps=_warps(bt * e_p2))
-    return Routed(weights, ids)
+    return Routed(topk_weights=weights, topk_ids=ids)

@@ -25,7 +25,7 @@ Semantics follow the Hugging Face ``transformers`` 5.x routers named on each fun
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
@@ -43,7 +43,8 @@ __all__ = [
 _RENORM_EPS = 1e-20
 
 
-class Routed(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Routed:
     """Routing decision for ``T`` tokens.
 
     Fields:
@@ -156,7 +157,8 @@ def _finish(
     if renormalize:
         weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + eps)
     weights_TK = weights_TK * routed_scaling_factor
-    return Routed(weights_TK.contiguous(), ids_TK.to(torch.int32).contiguous())
+    return Routed(topk_weights=weights_TK.contiguous(),
+                  topk_ids=ids_TK.to(torch.int32).contiguous())
 
 
 # ---------------------------------------------------------------- one function per method

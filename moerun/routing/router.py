@@ -136,7 +136,7 @@ class TritonRouter(Router):
         key = (valid_rows, layout_key(inputs))
         return self._programs.call(key, inputs, plain,
                                    outputs=lambda r: (r.topk_weights, r.topk_ids),
-                                   wrap=lambda t: Routed(t[0], t[1]))
+                                   wrap=lambda t: Routed(topk_weights=t[0], topk_ids=t[1]))
 
 
 #: Names ``router=`` accepts besides ``"auto"``.
