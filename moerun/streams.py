@@ -8,11 +8,25 @@ flight never overwrite each other's list.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
-__all__ = ["LayerStreams", "record_events"]
+__all__ = ["ChunkStreams", "LayerStreams", "record_events"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChunkStreams:
+    """The two streams one forward's chunks alternate on under chunk overlap (CUDA): ``main``
+    (the caller's current stream) and ``aux`` (the layer's aux stream); both None when the
+    forward runs on the current stream alone."""
+
+    main: Any = None
+    aux: Any = None
+
+
+_NO_OVERLAP = ChunkStreams()
 
 
 #: Every green context a layer made, held until the process exits: torch 2.11 aborts the
@@ -93,19 +107,19 @@ class LayerStreams:
         self._shared[partition_sms] = (green, stream)
         return stream
 
-    def begin(self, overlap: bool) -> tuple[Any, Any]:
-        """``(main, aux)`` for a forward starting now: with ``overlap`` (CUDA only) the
-        current stream and the aux stream, which first waits on main (every input written
-        before the forward is visible to it); otherwise ``(None, None)`` -- the forward runs
+    def begin(self, overlap: bool) -> ChunkStreams:
+        """The :class:`ChunkStreams` of a forward starting now: with ``overlap`` (CUDA only)
+        the current stream and the aux stream, which first waits on main (every input written
+        before the forward is visible to it); otherwise both None -- the forward runs
         on the current stream, which callers ask for only if they need it (creating a
         ``torch.cuda.Stream`` object costs several µs of host time). No host sync;
         graph-safe (the wait is a captured event edge)."""
         if not overlap:
-            return None, None
+            return _NO_OVERLAP
         main = torch.cuda.current_stream(self.device)
         aux = self.aux
         aux.wait_stream(main)
-        return main, aux
+        return ChunkStreams(main=main, aux=aux)
 
 
 def record_events(streams: Sequence[Any]) -> list[Any]:

@@ -184,10 +184,11 @@ class ExternalCommScheduler:
                 "captured into a CUDA graph (capturing it aborts the process on torch 2.11); "
                 "capture with shared_partition_sms=None")
         overlap = self.use_chunk_overlap(layer, plan, strategy)
-        main, aux = layer.streams.begin(overlap)
+        streams = layer.streams.begin(overlap)
         ctx = ForwardContext(
             plan=plan, tracer=tracer, cursor=cursor, strategy=strategy,
-            on_cuda=layer.device.type == "cuda", main=main, aux=aux, overlap=overlap,
+            on_cuda=layer.device.type == "cuda", main=streams.main, aux=streams.aux,
+            overlap=overlap,
             logits=logits,
             input=ReadyInput(x, rows=plan.local_rows, event=input_ready_event), ub=ub,
             hooks_begin=hooks_begin and layer.repeat_idx == 0,

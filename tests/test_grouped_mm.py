@@ -75,10 +75,10 @@ def test_slot_offsets_hand_drawn():
     #   t2: [-1, 0]             p4 -> -1,     p5 -> slot 0
     # sorted by slot, -1 last, stable: [p2, p5 | (slot 1 empty) | p0, p3 | p1, p4]
     ids = torch.tensor([[2, -1], [0, 2], [-1, 0]], dtype=torch.int32)
-    order, key, offs = slot_offsets(ids, 3)
-    assert order.tolist() == [2, 5, 0, 3, 1, 4]
-    assert key.tolist() == [0, 0, 2, 2, 3, 3]
-    assert offs.dtype == torch.int32 and offs.tolist() == [2, 2, 4]
+    got = slot_offsets(ids, 3)
+    assert got.order.tolist() == [2, 5, 0, 3, 1, 4]
+    assert got.sorted_key.tolist() == [0, 0, 2, 2, 3, 3]
+    assert got.offsets.dtype == torch.int32 and got.offsets.tolist() == [2, 2, 4]
 
 
 # ------------------------------------------------------------------ edge cases

@@ -81,7 +81,8 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
     gids = torch.randint(0, 5, (13, 3), generator=g, dtype=torch.int32)
     gids[4, 1] = -1  # an excluded pair
     al = moe_align(gids, 5, 16)
-    got, pair_rows = gather_rows_fp8(qx, al, 3)
+    gathered = gather_rows_fp8(qx, al, 3)
+    got, pair_rows = gathered.rows, gathered.pair_rows
     n_post = int(al.num_post[0])
     want_d = torch.zeros(n_post, 384, dtype=torch.uint8)
     want_s = torch.zeros(n_post, 3)

@@ -32,6 +32,7 @@ runs (set ``torch.use_deterministic_algorithms(True)`` for a deterministic ``ind
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -42,7 +43,7 @@ from moerun.capability import Deployment, Eligibility, Problem, RejectReason
 from moerun.config import Activation
 from moerun.env import Env
 
-__all__ = ["GroupedMMExperts", "grouped_mm_experts", "slot_offsets"]
+__all__ = ["GroupedMMExperts", "SlotOrder", "grouped_mm_experts", "slot_offsets"]
 
 # NOTE: CUTLASS (and the CPU kernel's checks) need every row stride 16-byte aligned.
 _STRIDE_ALIGN_BYTES = 16
@@ -54,8 +55,23 @@ _CUDA_DTYPES = (torch.bfloat16,)
 _CUDA_MAJORS = (9, 10)
 
 
-def slot_offsets(topk_ids: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor,
-                                                                   torch.Tensor]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlotOrder:
+    """The (token, j) pairs sorted by slot, with the group offsets ``torch._grouped_mm`` reads.
+
+    Fields:
+        order: ``[P]`` int64 indices into the flattened pairs, sorted by slot with ``-1``
+            pairs last (stable: token order inside a slot).
+        sorted_key: ``[P]`` the slot of each sorted pair (``S`` for a ``-1`` pair).
+        offsets: ``[S]`` int32 cumulative end offsets; ``offsets[-1]`` = number of local pairs.
+    """
+
+    order: torch.Tensor
+    sorted_key: torch.Tensor
+    offsets: torch.Tensor
+
+
+def slot_offsets(topk_ids: torch.Tensor, num_slots: int) -> SlotOrder:
     """Sort the (token, j) pairs by slot and build the int32 group offsets, on the device.
 
     Args:
@@ -63,10 +79,7 @@ def slot_offsets(topk_ids: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, 
         num_slots: ``S``.
 
     Returns:
-        ``(order_P, sorted_key_P, offs_S)``: ``order_P`` int64 indices into the flattened pairs,
-        sorted by slot with ``-1`` pairs last (stable: token order inside a slot);
-        ``sorted_key_P`` the slot of each sorted pair (``S`` for a ``-1`` pair); ``offs_S`` int32
-        cumulative end offsets, ``offs[-1]`` = number of local pairs. No host sync; capture-safe.
+        a :class:`SlotOrder` over the ``P = M*K`` pairs. No host sync; capture-safe.
     """
     key_p = topk_ids.reshape(-1)
     key_p = key_p.masked_fill(key_p < 0, num_slots)
@@ -74,7 +87,7 @@ def slot_offsets(topk_ids: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, 
     counts = torch.zeros(num_slots + 1, dtype=torch.int32, device=topk_ids.device)
     counts.scatter_add_(0, key_p.to(torch.int64), torch.ones_like(key_p, dtype=torch.int32))
     offs_s = torch.cumsum(counts[:num_slots], dim=0, dtype=torch.int32)
-    return order_p, sorted_key_p, offs_s
+    return SlotOrder(order=order_p, sorted_key=sorted_key_p, offsets=offs_s)
 
 
 def _check_strides(w13: torch.Tensor, w2: torch.Tensor) -> None:
@@ -122,7 +135,8 @@ def grouped_mm_experts(
         _check_strides(w13, w2)
     k = topk_ids.shape[1]
 
-    order_p, sorted_key_p, offs_s = slot_offsets(topk_ids, num_slots)
+    slots = slot_offsets(topk_ids, num_slots)
+    order_p, sorted_key_p, offs_s = slots.order, slots.sorted_key, slots.offsets
     token_p = torch.div(order_p, k, rounding_mode="floor")
     weight_p = topk_weights.reshape(-1).to(torch.float32)[order_p]
     # A -1 pair (sorted past offs[-1]) sends its unwritten row to the spare accumulator row M.

@@ -290,7 +290,8 @@ def run_experts_fp8_wide(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids
     dev = q.data.device
     align = moe_align(topk_ids, s, 128)
     sid = align.sorted_ids
-    g, pair_rows = gather_rows_fp8(q, align, k)
+    gathered = gather_rows_fp8(q, align, k)
+    g, pair_rows = gathered.rows, gathered.pair_rows
     r = sid.numel()
     mid = 1 if out_dtype == torch.float16 else 2
     grid = (_sm_count(dev.index if dev.index is not None else torch.cuda.current_device()),)

@@ -411,7 +411,7 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     dev = q.data.device
     align = moe_align(topk_ids, s, WS_BLOCK_M)
     sid = align.sorted_ids
-    g, _ = gather_rows_fp8(q, align, k)  # (the current signature)
+    g = gather_rows_fp8(q, align, k).rows  # (the current signature)
     r = sid.numel()
     fuse = gate_up_cols == 128
     qa = torch.empty(r, inter, device=dev, dtype=FP8_DTYPE if fuse else out_dtype)

@@ -4,6 +4,8 @@ both kernel families (``fp8.py``, ``fp8_ws.py``) use it without importing each o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -19,7 +21,7 @@ from moerun.quant import AMAX_EPS, FP8_DTYPE, FP8_MAX, QuantizedRows
 
 patch_interpreter()
 
-__all__ = ["quantize_rows_fp8", "gather_rows_fp8"]
+__all__ = ["GatheredRows", "quantize_rows_fp8", "gather_rows_fp8"]
 
 GROUP = FP8_GROUP
 
@@ -64,22 +66,33 @@ def quantize_rows_fp8(x: torch.Tensor) -> QuantizedRows:
 
 
 
-def gather_rows_fp8(q: QuantizedRows, align: Alignment,
-                    top_k: int) -> tuple[QuantizedRows, torch.Tensor]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GatheredRows:
+    """What :func:`gather_rows_fp8` returns.
+
+    Fields:
+        rows: ``[R, H]`` codes / ``[R, H/128]`` scales in aligned order: row ``r`` is token
+            ``sorted_ids[r] // top_k``'s row, for the ``num_post[0]`` rows in use (padding
+            rows are zero codes with scale 0; rows past ``num_post`` are unwritten).
+        pair_rows: ``[M*top_k]`` int32, the inverse map: ``sorted_ids[pair_rows[p]] == p``
+            for every pair the alignment placed (excluded pairs' entries are unwritten).
+    """
+
+    rows: QuantizedRows
+    pair_rows: torch.Tensor
+
+
+def gather_rows_fp8(q: QuantizedRows, align: Alignment, top_k: int) -> GatheredRows:
     """Quantized rows in aligned order, and each pair's aligned row: ``persistent.gather_rows``
     of the codes (writing the inverse map) and of the scales.
 
-    Row ``r`` of the first result is token ``sorted_ids[r] // top_k``'s row of ``q`` (codes
-    and scales), for the ``num_post[0]`` rows in use; padding rows are zero codes with scale
-    0, rows past ``num_post`` are left unwritten (no kernel reads them). The second, ``rows
-    [M*top_k]`` int32, is the inverse map: ``sorted_ids[rows[p]] == p`` for every pair the
-    alignment placed (excluded pairs' entries are unwritten). ``q [M, H]`` with ``[M, H/128]``
-    scales, ``align`` of ``moe_align``. Returns ``[R, H]`` / ``[R, H/128]`` and the map. Two
-    launches; current stream; no host sync; capturable. Twin: a loop over the alignment
-    (tests)."""
+    ``q [M, H]`` with ``[M, H/128]`` scales, ``align`` of ``moe_align``; see
+    :class:`GatheredRows` for the result. Two launches; current stream; no host sync;
+    capturable. Twin: a loop over the alignment (tests)."""
     from moerun.backends.triton.persistent import gather_rows
 
     rows = torch.empty(align.num_pairs, dtype=torch.int32, device=q.data.device)
     data = gather_rows(q.data.view(torch.uint8), align, top_k, pair_rows=rows)
     scale = gather_rows(q.scale, align, top_k)
-    return QuantizedRows(data=data.view(FP8_DTYPE), scale=scale, group=q.group), rows
+    return GatheredRows(rows=QuantizedRows(data=data.view(FP8_DTYPE), scale=scale,
+                                           group=q.group), pair_rows=rows)

@@ -325,7 +325,8 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     dev = q.data.device
     align = moe_align(topk_ids, s, WS_BLOCK_M)
     sid = align.sorted_ids
-    g, pair_rows = gather_rows_fp8(q, align, k)
+    gathered = gather_rows_fp8(q, align, k)
+    g, pair_rows = gathered.rows, gathered.pair_rows
     r = sid.numel()
     grid = (sm_count(dev.index if dev.index is not None else torch.cuda.current_device()),)
     gu_w = tma_desc(w13.view(s * two_i, h), [gate_up_cols, 128])
