@@ -159,7 +159,9 @@ class LoadBalancer:
         return self.config.static_placement is not None
 
     def layer(self, layer_idx: int) -> "LayerBalancer":
-        """The hook handle of layer ``layer_idx`` (one per layer; pass as ``balancer=``)."""
+        """The hook handle of layer ``layer_idx`` (one per layer; pass as ``balancer=``).
+
+        Host only; creates the handle on first use."""
         if not 0 <= layer_idx < self.config.num_layers:
             raise ValueError(f"layer_idx={layer_idx} outside [0, num_layers="
                              f"{self.config.num_layers})")
@@ -176,12 +178,16 @@ class LoadBalancer:
         self.step_idx += 1
 
     def placement(self) -> Placement:
-        """A CPU copy of the current placement."""
+        """A CPU copy of the current placement.
+
+        Host sync (device-to-host copies when the maps live on CUDA): not capturable."""
         return Placement(phy2log=self.phy2log.cpu().clone(), log2phy=self.log2phy.cpu().clone(),
                          logcnt=self.logcnt.cpu().clone())
 
     def window_load(self) -> torch.Tensor:
-        """``[L, E]`` this rank's token counts over the window (plus the current step)."""
+        """``[L, E]`` this rank's token counts over the window (plus the current step).
+
+        No host sync; current stream."""
         return self.window.sum(dim=1) + self.current
 
     def metrics(self) -> dict[str, Any]:
@@ -257,7 +263,9 @@ class LayerBalancer:
         """Attach the ``ConfigurableMoE`` whose weights this handle migrates.
 
         Raises ValueError if this handle is already bound to another layer (one handle per
-        layer: a shared handle would migrate one layer's weights by the other's placement)."""
+        layer: a shared handle would migrate one layer's weights by the other's placement).
+
+        Host only; keeps a weak reference to ``layer``."""
         bound = self._layer
         if bound is not None and bound is not layer:
             raise ValueError(
@@ -278,6 +286,9 @@ class LayerBalancer:
         return None if self._layer_ref is None else self._layer_ref()
 
     def local_experts(self, start: int, end: int) -> list[int]:
+        """Logical expert held by each slot in ``[start, end)`` (from ``phy2log``).
+
+        Host sync (``.tolist()`` of the device placement): not capturable; called at load time."""
         return self.owner.phy2log[self.layer_idx, start:end].tolist()
 
     # -- hooks ---------------------------------------------------------------------------
@@ -288,10 +299,15 @@ class LayerBalancer:
             self._migration_event = None
 
     def done_wait_gpu(self, ctx: HookContext) -> None:
+        """Start recording statistics for this forward (never for a static placement).
+
+        Host only; no device work."""
         self._recording = not self.owner.static
 
     def update_statistic(self, ctx: HookContext, topk_ids: torch.Tensor) -> None:
-        """``counts[e] += #(t, j) with id e``; ``-1`` rows add nothing. Device-only."""
+        """``counts[e] += #(t, j) with id e``; ``-1`` rows add nothing. Device-only.
+
+        No host sync; current stream; capturable."""
         if not self._recording or topk_ids.numel() == 0:
             return
         ids = topk_ids.reshape(-1).to(torch.int64)
@@ -334,5 +350,7 @@ class LayerBalancer:
             owner.migrations.append(stats)
 
     def set_migration_event(self, event: Any) -> None:
-        """Called by the migration: the next ``start_wait_gpu`` waits on ``event``."""
+        """Called by the migration: the next ``start_wait_gpu`` waits on ``event``.
+
+        Host only; no device work."""
         self._migration_event = event

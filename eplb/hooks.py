@@ -48,14 +48,47 @@ class LayerBalancerHooks(Protocol):
     enabled: bool
     num_slots: int
 
-    def local_experts(self, start: int, end: int) -> list[int]: ...
-    def start_wait_gpu(self, ctx: HookContext) -> None: ...
-    def done_wait_gpu(self, ctx: HookContext) -> None: ...
-    def update_statistic(self, ctx: HookContext, topk_ids: torch.Tensor) -> None: ...
+    def local_experts(self, start: int, end: int) -> list[int]:
+        """Logical expert id held by each slot in ``[start, end)``.
+
+        May host sync (called at load time)."""
+        ...
+
+    def start_wait_gpu(self, ctx: HookContext) -> None:
+        """Before routing (first chunk): order the current stream after a pending migration.
+
+        Stream ordering only; no host sync."""
+        ...
+
+    def done_wait_gpu(self, ctx: HookContext) -> None:
+        """After routing (first chunk): start this forward's statistics. Host only."""
+        ...
+
+    def update_statistic(self, ctx: HookContext, topk_ids: torch.Tensor) -> None:
+        """Count ``topk_ids [n, K]`` (int32 logical ids, ``-1`` = padding) into the window.
+
+        Device counters only; no host sync; capturable."""
+        ...
+
     def route(self, ctx: HookContext, topk_ids: torch.Tensor,
-              row_offset: int) -> torch.Tensor: ...
-    def start_set_cpu(self, ctx: HookContext) -> None: ...
-    def done_set_cpu(self, ctx: HookContext) -> None: ...
+              row_offset: int) -> torch.Tensor:
+        """Logical ``topk_ids [n, K]`` -> ``[n, K]`` int32 physical slot ids (``-1`` kept);
+        ``row_offset``: global index of the chunk's first row.
+
+        Device only; no host sync; capturable."""
+        ...
+
+    def start_set_cpu(self, ctx: HookContext) -> None:
+        """After the last ``run_experts`` (last chunk): record ``ctx.experts_done``.
+
+        Records events; no host sync."""
+        ...
+
+    def done_set_cpu(self, ctx: HookContext) -> None:
+        """After the combine (last chunk): rebalance and migrate when due.
+
+        May be a collective on ``ctx.cursor`` with host syncs (a due rebalance)."""
+        ...
 
 
 class NullLayerBalancer:
@@ -71,22 +104,29 @@ class NullLayerBalancer:
         self.num_slots = num_experts
 
     def local_experts(self, start: int, end: int) -> list[int]:
+        """The identity: slot ``s`` holds expert ``s``. Pure; host only."""
         return list(range(start, end))
 
     def start_wait_gpu(self, ctx: HookContext) -> None:
+        """Nothing to wait on. No-op: no device work, no host sync."""
         pass
 
     def done_wait_gpu(self, ctx: HookContext) -> None:
+        """No statistics to start. No-op: no device work, no host sync."""
         pass
 
     def update_statistic(self, ctx: HookContext, topk_ids: torch.Tensor) -> None:
+        """No statistics kept. No-op: no device work, no host sync."""
         pass
 
     def route(self, ctx: HookContext, topk_ids: torch.Tensor, row_offset: int) -> torch.Tensor:
+        """``topk_ids`` unchanged (slot ``s`` holds expert ``s``). Pure; no device work."""
         return topk_ids
 
     def start_set_cpu(self, ctx: HookContext) -> None:
+        """No events to record. No-op: no device work, no host sync."""
         pass
 
     def done_set_cpu(self, ctx: HookContext) -> None:
+        """Never rebalances. No-op: no collective, no host sync."""
         pass

@@ -49,6 +49,7 @@ class MigrationPlan:
     slots_per_rank: int
 
     def rank_of(self, slot: int) -> int:
+        """The rank holding physical slot ``slot``. Pure; host only."""
         return slot // self.slots_per_rank
 
 

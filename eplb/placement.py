@@ -46,6 +46,8 @@ def placement_from_phy2log(phy2log: torch.Tensor, num_experts: int,
     ``max_replicas`` pads ``log2phy`` to a fixed width (default: the largest count). Raises
     ValueError when an expert id is out of range, an expert has no slot, or a count exceeds
     ``max_replicas``. Host loops; not for the hot path.
+
+    Host only: copies ``phy2log`` to the CPU first (a host sync if it is on a device).
     """
     if phy2log.dim() != 2:
         raise ValueError(f"phy2log must be [L, S], got shape {tuple(phy2log.shape)}")
@@ -72,6 +74,8 @@ def placement_from_phy2log(phy2log: torch.Tensor, num_experts: int,
 
 
 def default_phy2log(num_layers: int, num_experts: int, num_slots: int) -> torch.Tensor:
-    """Round-robin placement ``slot s -> expert s mod E`` for every layer (``[L, S]`` int64)."""
+    """Round-robin placement ``slot s -> expert s mod E`` for every layer (``[L, S]`` int64).
+
+    Pure; host only (a CPU tensor)."""
     row = torch.arange(num_slots, dtype=torch.int64) % num_experts
     return row.expand(num_layers, num_slots).clone()

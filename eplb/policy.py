@@ -35,6 +35,8 @@ def default_placement(num_experts: int, num_slots: int, num_groups: int, num_nod
     (:func:`eplb.placement.default_phy2log`). Hierarchical: node ``n``'s ``S / N`` slots cycle
     through node ``n``'s own experts ``[n * E / N, (n + 1) * E / N)``, so groups stay whole
     (the same as the global one when ``N == 1``). Both are the identity when ``S == E``.
+
+    Pure; host only (CPU tensors).
     """
     _check_sizes(num_experts, num_slots, num_groups, num_nodes, num_ranks)
     nodes = num_nodes if num_groups % num_nodes == 0 else 1
@@ -80,6 +82,8 @@ def rebalance(load: torch.Tensor, num_slots: int, num_groups: int, num_nodes: in
         TypeError: ``load``/``old_phy2log`` not tensors of a real/integer dtype.
         ValueError: a size that does not divide, ``S < E``, negative or non-finite load,
             an ``old_phy2log`` of the wrong shape or missing an expert.
+
+    Host only: copies ``load`` to the CPU first (a host sync if it is on a device); no collective.
     """
     w_LE = _check_load(load)
     L, E = w_LE.shape

@@ -49,7 +49,9 @@ def _sample(probs_LE: torch.Tensor, tokens: int, gen: torch.Generator) -> torch.
 
 
 def uniform_load(num_experts: int, tokens: int, seed: int, num_layers: int = 1) -> torch.Tensor:
-    """``[L, E]`` int64 token counts, every expert equally likely."""
+    """``[L, E]`` int64 token counts, every expert equally likely.
+
+    Pure; host only (CPU tensors, own generator)."""
     gen = torch.Generator().manual_seed(seed)
     return _sample(torch.full((num_layers, num_experts), 1.0 / num_experts,
                               dtype=torch.float64), tokens, gen)
@@ -58,7 +60,7 @@ def uniform_load(num_experts: int, tokens: int, seed: int, num_layers: int = 1) 
 def zipf_load(num_experts: int, s: float, tokens: int, seed: int,
               num_layers: int = 1) -> torch.Tensor:
     """``[L, E]`` int64 token counts: P(k-th most popular) ∝ ``k**-s`` over a random permutation
-    of the experts (one per layer)."""
+    of the experts (one per layer). Pure; host only (CPU tensors, own generator)."""
     gen = torch.Generator().manual_seed(seed)
     p = torch.arange(1, num_experts + 1, dtype=torch.float64) ** (-s)
     p = p / p.sum()
@@ -70,7 +72,9 @@ def zipf_load(num_experts: int, s: float, tokens: int, seed: int,
 
 def hot_load(num_experts: int, tokens: int, seed: int, hot_share: float = 0.3,
              num_layers: int = 1) -> torch.Tensor:
-    """``[L, E]`` int64 token counts: expert 0 draws ``hot_share`` of tokens, the rest uniform."""
+    """``[L, E]`` int64 token counts: expert 0 draws ``hot_share`` of tokens, the rest uniform.
+
+    Pure; host only (CPU tensors, own generator)."""
     gen = torch.Generator().manual_seed(seed)
     probs = torch.full((num_layers, num_experts), (1.0 - hot_share) / max(num_experts - 1, 1),
                        dtype=torch.float64)
@@ -80,7 +84,9 @@ def hot_load(num_experts: int, tokens: int, seed: int, hot_share: float = 0.3,
 
 def drift_factors(num_experts: int, sigma: float, draws: int, seed: int,
                   num_layers: int = 1) -> torch.Tensor:
-    """``[D, L, E]`` float64 log-normal(0, sigma) factors, one per expert per draw."""
+    """``[D, L, E]`` float64 log-normal(0, sigma) factors, one per expert per draw.
+
+    Pure; host only (CPU tensors, own generator)."""
     gen = torch.Generator().manual_seed(seed)
     z = torch.randn(draws, num_layers, num_experts, generator=gen, dtype=torch.float64)
     return torch.exp(sigma * z)
@@ -90,7 +96,9 @@ def drift_factors(num_experts: int, sigma: float, draws: int, seed: int,
 
 
 def rank_loads(phy2log: torch.Tensor, load: torch.Tensor, num_ranks: int) -> torch.Tensor:
-    """``[..., L, R]`` float64 rank loads of ``phy2log [L, S]`` on ``load [..., L, E]``."""
+    """``[..., L, R]`` float64 rank loads of ``phy2log [L, S]`` on ``load [..., L, E]``.
+
+    Pure; host only (CPU tensors)."""
     L, S = phy2log.shape
     E = load.shape[-1]
     cnt = torch.zeros(L, E, dtype=torch.float64).scatter_add_(
@@ -103,14 +111,18 @@ def rank_loads(phy2log: torch.Tensor, load: torch.Tensor, num_ranks: int) -> tor
 
 
 def imbalance(phy2log: torch.Tensor, load: torch.Tensor, num_ranks: int) -> torch.Tensor:
-    """``[..., L]`` max/mean rank load (1.0 where a layer's load is all zero)."""
+    """``[..., L]`` max/mean rank load (1.0 where a layer's load is all zero).
+
+    Pure; host only (CPU tensors)."""
     rl = rank_loads(phy2log, load, num_ranks)
     mean = rl.mean(-1)
     return torch.where(mean > 0, rl.max(-1).values / mean.clamp(min=1e-300), 1.0)
 
 
 def contiguous_imbalance(load: torch.Tensor, num_ranks: int) -> torch.Tensor:
-    """``[..., L]`` imbalance of the no-redundancy placement (slot ``e`` = expert ``e``)."""
+    """``[..., L]`` imbalance of the no-redundancy placement (slot ``e`` = expert ``e``).
+
+    Pure; host only (CPU tensors)."""
     L, E = load.shape[-2:]
     if E % num_ranks:
         raise ValueError(f"experts={E} must be a multiple of ranks={num_ranks} for the "
@@ -119,7 +131,9 @@ def contiguous_imbalance(load: torch.Tensor, num_ranks: int) -> torch.Tensor:
 
 
 def slots_moved(old_phy2log: torch.Tensor, new_phy2log: torch.Tensor) -> torch.Tensor:
-    """``[L]`` int64: slots whose logical expert changed (each moves one expert's weights)."""
+    """``[L]`` int64: slots whose logical expert changed (each moves one expert's weights).
+
+    Pure; no host sync."""
     return (old_phy2log != new_phy2log).sum(-1)
 
 
@@ -130,6 +144,8 @@ def hierarchical_bound(load_E: torch.Tensor, num_slots: int, num_groups: int, nu
     ``max(total / R, min over group->node splits of max node load / (R / N))``, the split
     exhaustive over every assignment where each node takes between 1 and
     ``(S / N) // (E / G)`` groups (``N ** G <= 2**20``).
+
+    Host only (``.tolist()`` / ``float()`` of ``load_E``: a host sync if it is on a device).
     """
     if num_nodes ** num_groups > 2 ** 20:
         raise ValueError(f"exhaustive bound over {num_nodes}**{num_groups} splits is too large")
@@ -230,6 +246,8 @@ def deepseek_rebalance(load: torch.Tensor, num_slots: int, num_groups: int, num_
     node; replicate within a node; pack onto the node's ranks), else the same with one group
     and one node. ``old_phy2log`` is accepted for signature parity and ignored (the published
     algorithm does not keep slots). Same validation as :func:`eplb.rebalance`.
+
+    Host only: copies ``load`` to the CPU first (a host sync if it is on a device).
     """
     w = _check_load(load)
     L, E = w.shape
@@ -282,7 +300,7 @@ class DriftResult:
 def simulate_known(load: torch.Tensor, num_slots: int, num_groups: int, num_nodes: int,
                    num_ranks: int, policy: Policy = rebalance,
                    baseline: Policy = deepseek_rebalance) -> CaseResult:
-    """Plan on ``load [L, E]`` and measure on the same load."""
+    """Plan on ``load [L, E]`` and measure on the same load. Host only (CPU tensors)."""
     L, E = load.shape
     sizes = (num_slots, num_groups, num_nodes, num_ranks)
     ours = policy(load, *sizes)
@@ -307,7 +325,9 @@ def simulate_drift(load: torch.Tensor, num_slots: int, num_groups: int, num_node
                    num_ranks: int, *, sigma: float, draws: int, seed: int, replans: int,
                    policy: Policy = rebalance,
                    baseline: Policy = deepseek_rebalance) -> DriftResult:
-    """Plan on ``load [L, E]``, measure on ``draws`` log-normal drifts, re-plan ``replans``."""
+    """Plan on ``load [L, E]``, measure on ``draws`` log-normal drifts, re-plan ``replans``.
+
+    Host only (CPU tensors)."""
     L, E = load.shape
     sizes = (num_slots, num_groups, num_nodes, num_ranks)
     ours = policy(load, *sizes)
@@ -341,6 +361,8 @@ def simulate_sequence(loads: torch.Tensor, num_slots: int, num_groups: int, num_
     Ours re-plans with the previous plan as ``old_phy2log`` (the first from the default
     placement). Returns ``[T - 1, L]`` tensors: ``before``, ``after``, ``deepseek``, ``moved``,
     ``deepseek_moved`` (fractions of a full reload per rebalance).
+
+    Host only (CPU tensors).
     """
     T, L, E = loads.shape
     sizes = (num_slots, num_groups, num_nodes, num_ranks)

@@ -23,6 +23,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``moerun eplb-sim`` argument parser (every flag with its default). Pure; host only."""
     p = argparse.ArgumentParser(
         prog="moerun eplb-sim",
         description="Simulate the EPLB policy against DeepSeek's EPLB on synthetic or recorded "
@@ -138,7 +139,9 @@ def _pct(x: torch.Tensor) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the cases in ``argv`` and print one line per case; returns the exit status."""
+    """Run the cases in ``argv`` and print one line per case; returns the exit status.
+
+    Host only: prints to stdout/stderr; reads ``--load-file``."""
     args = build_parser().parse_args(argv)
     sizes = (args.slots, args.groups, args.nodes, args.ranks)
     E, R = args.experts, args.ranks

@@ -54,10 +54,14 @@ class Eligibility:
 
     @classmethod
     def yes(cls) -> "Eligibility":
+        """An eligible answer (``ok=True``). Pure; host only."""
         return cls(ok=True)
 
     @classmethod
     def no(cls, reason: RejectReason, detail: str) -> "Eligibility":
+        """An ineligible answer with its ``reason`` and a human-readable ``detail``.
+
+        Pure; host only."""
         return cls(ok=False, reason=reason, detail=detail)
 
 

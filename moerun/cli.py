@@ -19,6 +19,9 @@ _DTYPES = ("float32", "float16", "bfloat16")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``moerun`` parser: subcommands ``run``, ``trace``, ``bench``, ``tune``, ``eplb-sim``.
+
+    Pure; host only."""
     parser = argparse.ArgumentParser(
         prog="moerun", description="moerun: a scheduler-centric MoE runtime for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -151,6 +154,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``moerun``: runs the subcommand of ``argv`` (default ``sys.argv[1:]``) and
+    returns its exit status.
+
+    Side effects: the subcommand's (prints; device work with host syncs; may spawn ranks, set
+    TF32 off, write files)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "tune":  # its own parser (flags documented by `moerun tune --help`)
         from moerun.backends.triton.tune import main as tune_main

@@ -46,7 +46,9 @@ def _tokens(text: str) -> list[int]:
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``moerun run`` (and ``moerun trace``), each with its default."""
+    """The flags of ``moerun run`` (and ``moerun trace``), each with its default.
+
+    Host only; mutates ``parser``."""
     parser.add_argument("--dtype", choices=_DTYPES, default="float32",
                      help="activation/weight dtype (default float32; TF32 is turned off)")
     parser.add_argument("--tokens", type=_tokens, default=None,
@@ -337,7 +339,11 @@ def check_out_dir(flag: str, path: str) -> str | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``moerun run`` / ``moerun trace``: 0, 1 when an error exceeds its bound, 2 on a
-    usage error (reported before any rank starts)."""
+    usage error (reported before any rank starts).
+
+    Side effects: prints to stdout/stderr; runs the forwards in this process on one rank (turning
+    TF32 off for matmul and cuDNN, not restored) or spawns ``--ranks`` processes (collectives
+    over gloo/NCCL); host syncs; ``--trace`` writes trace files."""
     import torch
 
     from moerun.bench.device import device_of

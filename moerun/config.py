@@ -160,7 +160,7 @@ class MoEConfig:
         return self.shared_intermediate_size > 0
 
     def replace(self, **changes: Any) -> "MoEConfig":
-        """Return a copy with ``changes`` applied (validated again)."""
+        """Return a copy with ``changes`` applied (validated again). Pure; host only."""
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
         kwargs.update(changes)
         return MoEConfig(**kwargs)
@@ -181,6 +181,8 @@ class MoEConfig:
         Raises ``FileNotFoundError`` (missing path), ``TypeError`` (other types of ``hf``),
         ``ValueError`` (a field moerun cannot map, named with its value). Reads the file if
         given a path; never imports ``transformers``.
+
+        Host only; reads ``config.json`` when given a path or directory.
         """
         from moerun._hf_config import moe_config_kwargs, read_hf_config
 

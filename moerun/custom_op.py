@@ -26,7 +26,9 @@ _NEXT_ID = itertools.count()
 
 
 def register_layer(layer: Any) -> str:
-    """Register ``layer`` and return its key (``"L{layer_idx}/{n}"``, unique per process)."""
+    """Register ``layer`` and return its key (``"L{layer_idx}/{n}"``, unique per process).
+
+    Host only; adds a weak reference to the process-wide registry."""
     idx = "-" if layer.layer_idx is None else layer.layer_idx
     key = f"L{idx}/{next(_NEXT_ID)}"
     _LAYERS[key] = layer
@@ -34,7 +36,9 @@ def register_layer(layer: Any) -> str:
 
 
 def lookup_layer(layer_key: str) -> Any:
-    """The live layer registered as ``layer_key``; RuntimeError if it is gone."""
+    """The live layer registered as ``layer_key``; RuntimeError if it is gone.
+
+    Host only; reads the process-wide registry."""
     layer = _LAYERS.get(layer_key)
     if layer is None:
         raise RuntimeError(f"moerun layer {layer_key!r} no longer exists (it was garbage-"

@@ -58,6 +58,9 @@ class Env:
     has_green_context: bool = False
 
     def describe(self) -> str:
+        """One line: torch, the device and its compute capability, triton, nvtx and deep_ep.
+
+        Pure; host only."""
         return (
             f"torch {self.torch_version}, device {self.device_name}"
             f"{'' if self.device_capability is None else f' sm{self.device_capability[0]}{self.device_capability[1]}'}"
@@ -88,5 +91,8 @@ def probe_env() -> Env:
 
 @functools.lru_cache(maxsize=1)
 def get_env() -> Env:
-    """The process-wide :class:`Env`, probed on first call and frozen afterwards."""
+    """The process-wide :class:`Env`, probed on first call and frozen afterwards.
+
+    Host only; the first call queries the CUDA driver (device name, capability, count) and the
+    installed packages, then is cached."""
     return probe_env()

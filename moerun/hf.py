@@ -108,6 +108,8 @@ def router_weight(block: nn.Module) -> torch.Tensor:
 
     ``block.gate.weight`` for Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3 and MiniMax-M2;
     ``block.router.weight`` for Llama 4. Raises ``TypeError`` for other blocks.
+
+    Returns a detached view: no device work, no host sync.
     """
     return _attr(block, _spec(block).router).weight.detach()
 

@@ -127,6 +127,9 @@ def checkpoint_expert_items(source: str | os.PathLike, prefix: str, *,
 
     Raises ``FileNotFoundError`` for a missing checkpoint and ``ValueError`` when no key
     starts with ``prefix`` (lists a few keys that exist).
+
+    Host only; opens the checkpoint's files and reads their headers now; each ``read()`` reads its
+    tensor from disk.
     """
     ckpt = _Checkpoint(source)
     items = _items(ckpt, prefix, transposed)

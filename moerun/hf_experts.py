@@ -113,6 +113,8 @@ def register_experts_interface() -> str:
     Afterwards ``model.set_experts_implementation("moerun")`` or
     ``from_pretrained(..., experts_implementation="moerun")`` runs the experts on moerun.
     Raises ``ImportError`` (how to install) without transformers 5.
+
+    Host only; mutates transformers' process-wide ``ExpertsInterface`` registry.
     """
     try:
         from transformers.integrations.moe import ExpertsInterface

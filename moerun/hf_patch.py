@@ -92,6 +92,12 @@ class HFMoEBlock(nn.Module):
         return self._modules[self._spec.router]
 
     def forward(self, hidden_states: torch.Tensor) -> Any:
+        """The HF block's forward on moerun: ``hidden_states [..., H]`` through the block's own
+        router, then the moerun layer; returns ``[..., H]`` in the input's dtype, or
+        ``(out [T, H], router_logits [T, E])`` where the HF block returns its logits.
+
+        Side effects: the HF router's launches, then those of :meth:`ConfigurableMoE.forward`
+        (collectives over ``mapping.group`` with several ranks; its host syncs)."""
         spec = self._spec
         shape = hidden_states.shape
         x_TH = hidden_states.reshape(-1, shape[-1])
@@ -149,6 +155,7 @@ class HFMoEBlock(nn.Module):
         old.close()
 
     def extra_repr(self) -> str:
+        """The patched block's model family, ``on moerun``. Pure; host only."""
         return f"{self._spec.name} on moerun"
 
 

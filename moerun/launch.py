@@ -45,6 +45,9 @@ def launch(fn: Callable[..., Any], world_size: int, *, use_nccl: bool = False,
 
     Raises RuntimeError naming the first failing rank (with its traceback) or the ranks that
     did not answer within ``timeout_s``.
+
+    Side effects: starts a TCPStore on 127.0.0.1 and ``world_size`` spawned processes (each runs
+    ``fn`` with its own collectives); blocks until they finish; kills ranks still alive 10 s after.
     """
     import torch.distributed as dist
 

@@ -331,6 +331,8 @@ class ConfigurableMoE(nn.Module):
         """The one mutator schedulers may call: replace an infeasible strategy permanently.
 
         Destroys the old strategy, logs once, records ``note`` in ``self.report``.
+
+        Host only; no collective; logs a warning.
         """
         self.strategy.destroy()
         self.strategy = strategy_cls(self.communicator, self.partition)
@@ -434,6 +436,9 @@ class ConfigurableMoE(nn.Module):
         self.close()
 
     def extra_repr(self) -> str:
+        """The layer's shape, local slot range, backend and communication strategy.
+
+        Pure; host only."""
         c = self.config
         return (f"E={c.num_experts}, k={c.top_k}, H={c.hidden_size}, I={c.intermediate_size}, "
                 f"slots=[{self.slot_start}, {self.slot_end}), backend={self.report.backend}, "

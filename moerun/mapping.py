@@ -98,7 +98,9 @@ class Mapping:
 
     @classmethod
     def from_group(cls, group: Any, *, store: Any = None, **kwargs: Any) -> "Mapping":
-        """Mapping over ``group`` (rank and size read from the group object itself)."""
+        """Mapping over ``group`` (rank and size read from the group object itself).
+
+        Host only; reads the group's rank and size (no collective)."""
         import torch.distributed as dist
 
         return cls(
@@ -142,9 +144,11 @@ class SlotPartition:
         return self.num_slots % self.ep_size == 0
 
     def local_range(self, rank: int) -> tuple[int, int]:
+        """``[start, end)`` of the slots ``rank`` holds. Pure; host only."""
         return self.starts[rank], self.starts[rank + 1]
 
     def num_local(self, rank: int) -> int:
+        """How many slots ``rank`` holds. Pure; host only."""
         return self.starts[rank + 1] - self.starts[rank]
 
     def owner_of(self, slots: torch.Tensor) -> torch.Tensor:
@@ -161,6 +165,8 @@ def slot_partition(num_slots: int, ep_size: int) -> SlotPartition:
     """Split ``num_slots`` over ``ep_size`` ranks, ceil sizes first.
 
     Raises ValueError when ``num_slots < ep_size`` (a rank would hold no expert).
+
+    Pure; host only.
     """
     if num_slots < ep_size:
         raise ValueError(

@@ -83,7 +83,9 @@ class QuantConfig:
                              f"{wb[1]} (one activation and one weight scale per K step)")
 
     def scale_shape(self, n: int, k: int) -> tuple[int, int]:
-        """``(ceil(n / bn), ceil(k / bk))``: the ``scale_inv`` blocks of an ``[n, k]`` weight."""
+        """``(ceil(n / bn), ceil(k / bk))``: the ``scale_inv`` blocks of an ``[n, k]`` weight.
+
+        Pure; host only."""
         bn, bk = self.weight_block
         return -(-n // bn), -(-k // bk)
 
@@ -164,7 +166,9 @@ def quantize_rows(x: torch.Tensor, group: int = 128) -> QuantizedRows:
 
 
 def dequantize_rows(q: QuantizedRows) -> torch.Tensor:
-    """``[M, H]`` fp32 values ``data * scale`` of :class:`QuantizedRows`."""
+    """``[M, H]`` fp32 values ``data * scale`` of :class:`QuantizedRows`.
+
+    Allocates; current stream; no host sync; capturable."""
     m, h = q.data.shape
     s = q.scale.repeat_interleave(q.group, dim=1)[:, :h]
     return q.data.float() * s
@@ -177,6 +181,8 @@ def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)
     Returns ``(w_fp8 [..., N, K], scale_inv [..., ceil(N/bn), ceil(K/bk)])`` with
     ``scale_inv = max(amax, 1e-10) / 448`` per block (the checkpoint convention). For tests
     and benchmarks (checkpoints ship already quantized).
+
+    Allocates; current stream; no host sync; capturable.
     """
     bn, bk = block
     *lead, n, k = w.shape
@@ -192,7 +198,9 @@ def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)
 
 def dequantize_weight_blocks(w: torch.Tensor, scale_inv: torch.Tensor,
                              block: tuple[int, int] = (128, 128)) -> torch.Tensor:
-    """``[..., N, K]`` fp32 ``w * scale_inv`` broadcast over ``block``."""
+    """``[..., N, K]`` fp32 ``w * scale_inv`` broadcast over ``block``.
+
+    Allocates; current stream; no host sync; capturable."""
     bn, bk = block
     n, k = w.shape[-2:]
     want = (math.ceil(n / bn), math.ceil(k / bk))

@@ -79,7 +79,7 @@ class ResolutionReport:
     kernel_configs: tuple[str, ...] = ()
 
     def with_fallback(self, strategy_cls: type[CommStrategy], note: str) -> "ResolutionReport":
-        """A copy recording a permanent strategy replacement."""
+        """A copy recording a permanent strategy replacement. Pure; host only."""
         return dataclasses.replace(self, strategy=strategy_cls.name, strategy_cls=strategy_cls,
                                    fallbacks=self.fallbacks + (note,))
 

@@ -62,6 +62,7 @@ class SharedRegime:
     partition_sms: int | None = None
 
     def describe(self) -> str:
+        """One line: the token range, the order, and the SM partition if any. Pure; host only."""
         part = "" if self.partition_sms is None else f" on {self.partition_sms} SMs"
         scope = "any T" if self.max_tokens is None else f"T <= {self.max_tokens}"
         return f"{scope}: {self.order.value}{part}"
@@ -92,6 +93,9 @@ class SharedSchedule:
     @classmethod
     def single(cls, order: SharedExpertOrder, why: str,
                partition_sms: int | None = None) -> "SharedSchedule":
+        """A schedule of one regime, ``order`` at any T (``why``: the reason it was chosen).
+
+        Pure; host only."""
         return cls(regimes=(SharedRegime(max_tokens=None, order=order,
                                          partition_sms=partition_sms),), why=why)
 
@@ -116,6 +120,7 @@ class SharedSchedule:
         return tuple(dict.fromkeys(r.order for r in self.all_regimes))
 
     def describe(self) -> str:
+        """The regimes in one line, the eager ones after when they differ. Pure; host only."""
         text = "; ".join(r.describe() for r in self.regimes)
         if self.eager_regimes is None or self.eager_regimes == self.regimes:
             return text
@@ -143,7 +148,7 @@ class SharedExpert(nn.Module):
                      if gated else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [T, H]`` -> ``[T, H]``."""
+        """``x [T, H]`` -> ``[T, H]``. Launches on the current stream; no host sync; capturable."""
         return self._mlp(x)
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -151,7 +156,9 @@ class SharedExpert(nn.Module):
         host time; a decode step is host-bound): in-place where the tensors are this call's
         own. The sum is rounded as Hugging Face's blocks round it (the shared output in
         x.dtype, then one add), so patched models generate the same tokens. Returns a new
-        tensor; ``out`` is not modified."""
+        tensor; ``out`` is not modified.
+
+        Launches on the current stream; no host sync; capturable."""
         return self._mlp(x).add_(out)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -179,7 +186,10 @@ class SharedExpert(nn.Module):
 
     @torch.no_grad()
     def load(self, w13: torch.Tensor, w2: torch.Tensor, gate: torch.Tensor | None) -> None:
-        """Copy weights in place (checked first with :meth:`check`; ``gate`` iff gated)."""
+        """Copy weights in place (checked first with :meth:`check`; ``gate`` iff gated).
+
+        Copies on the current stream (a CPU source is a host-to-device copy); no device-to-host
+        sync."""
         self.check(w13, w2, gate)
         self.w13.copy_(w13)
         self.w2.copy_(w2)

@@ -44,7 +44,7 @@ class TableRow:
 
 def row_key(*, device: str, world_size: int, num_experts: int, top_k: int, hidden: int,
             intermediate: int, shared: int, dtype: str) -> str:
-    """The string a row is stored under (also written by the benchmark)."""
+    """The string a row is stored under (also written by the benchmark). Pure; host only."""
     return (f"{device}|ws{world_size}|E{num_experts}|k{top_k}|H{hidden}|I{intermediate}"
             f"|S{shared}|{dtype}")
 
@@ -86,7 +86,9 @@ def _load(path: str) -> dict[str, Any] | None:
 
 def lookup(problem: Problem, deployment: Deployment, env: Env,
            path: Path | str = SHARED_TABLE_PATH) -> TableRow | None:
-    """The measured regimes for this layer and deployment, or None without a row."""
+    """The measured regimes for this layer and deployment, or None without a row.
+
+    Host only; reads the table file at ``path`` (cached per path)."""
     table = _load(str(path))
     if table is None or problem.device_type != "cuda":
         return None

@@ -43,6 +43,12 @@ class GlobalCase:
 
 
 def make_case(cfg: MoEConfig, total_tokens: int, seed: int) -> GlobalCase:
+    """A seeded global batch for ``cfg``: ``x [T, H]``, router logits ``[T, E]``, ``w13`` / ``w2``
+    (FP8 configs: quantized, with their scales), the shared expert's weights and the correction bias
+    where the config has them.
+
+    Host only: CPU tensors drawn from a generator seeded with ``seed`` (the global RNG is
+    untouched)."""
     g = torch.Generator().manual_seed(seed)
     e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
 
@@ -70,7 +76,9 @@ def make_case(cfg: MoEConfig, total_tokens: int, seed: int) -> GlobalCase:
 
 
 def shared_reference(x: torch.Tensor, shared: dict) -> torch.Tensor:
-    """fp64 shared MLP (independent formula)."""
+    """fp64 shared MLP (independent formula).
+
+    Runs on ``x``'s device (current stream); no host sync."""
     xd = x.double()
     si = shared["w2"].shape[1]
     gu = xd @ shared["w13"].double().t()
@@ -83,7 +91,9 @@ def shared_reference(x: torch.Tensor, shared: dict) -> torch.Tensor:
 def reference_output(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
     """Unsharded fp64 reference for the whole global batch: ``[T_total, H]`` fp64. For an
     FP8 config: :func:`moerun.quant.reference_fp8_moe` (fp32 accumulation, returned in
-    ``cfg.dtype``) plus the fp64 shared expert."""
+    ``cfg.dtype``) plus the fp64 shared expert.
+
+    Host sync (the reference's ``nonzero`` per slot): not capturable."""
     routed = route(case.logits, top_k=cfg.top_k, config=cfg.routing, correction_bias=case.bias)
     if cfg.quant is not None:
         # out_dtype = the activation dtype, as the layer returns it
@@ -106,7 +116,9 @@ def reference_output(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
 
 def unquantized_reference(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
     """The fp64 layer of an FP8 ``case`` with its dequantized weights and unquantized
-    activations (the second FP8 bar): ``[T_total, H]`` fp64."""
+    activations (the second FP8 bar): ``[T_total, H]`` fp64.
+
+    Host sync (the reference's ``nonzero`` per slot): not capturable."""
     assert cfg.quant is not None, "unquantized_reference is for FP8 configs"
     routed = route(case.logits, top_k=cfg.top_k, config=cfg.routing, correction_bias=case.bias)
     w13 = dequantize_weight_blocks(case.w13, case.w13_scale, cfg.quant.weight_block).double()
@@ -118,7 +130,9 @@ def unquantized_reference(cfg: MoEConfig, case: GlobalCase) -> torch.Tensor:
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref||_2 / ||ref||_2`` in fp64; 0.0 for matching empty shapes."""
+    """``||out - ref||_2 / ||ref||_2`` in fp64; 0.0 for matching empty shapes.
+
+    Host sync (``float()`` of the result): not capturable."""
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"rel_err: out has shape {tuple(out.shape)} but ref has "
                          f"{tuple(ref.shape)}; compare tensors of one shape")

@@ -87,8 +87,19 @@ class LayerView(Protocol):
     loaded: bool
     agreement_digest: int
 
-    def check_usable(self, *, agreed: bool = False) -> None: ...
-    def replace_strategy(self, strategy_cls: type, note: str) -> Any: ...
+    def check_usable(self, *, agreed: bool = False) -> None:
+        """Raise :class:`moerun.LayerClosedError` for a closed or poisoned layer, or (unless
+        ``agreed``) one without weights (:meth:`ConfigurableMoE.check_usable`).
+
+        Local; no collective, no device work."""
+        ...
+
+    def replace_strategy(self, strategy_cls: type, note: str) -> Any:
+        """Replace the strategy with ``strategy_cls`` for the life of the layer, recording ``note``;
+        returns the new strategy (:meth:`ConfigurableMoE.replace_strategy`).
+
+        Host only; no collective."""
+        ...
 
 
 class ReadyInput:

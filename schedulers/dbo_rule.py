@@ -55,6 +55,7 @@ class DBOConfig:
                 raise ValueError(f"DBOConfig.{name}={v!r} must be a number >= 0")
 
     def describe(self) -> str:
+        """The split rule and its thresholds, in one line. Pure; host only."""
         return (f"DESIGN 7 threshold ({self.small_threshold} while max T <= {self.small_max}, "
                 f"else {self.large_threshold}), every rank 0 or >= 2 rows, weight re-read "
                 f"guard >= {self.min_rows_per_expert_one_rank:g} rows per local expert per "

@@ -62,7 +62,9 @@ _NULL = contextlib.nullcontext()
 
 
 def drive(steps: Generator[str, None, torch.Tensor]) -> torch.Tensor:
-    """Run a forward generator to the end and return its output."""
+    """Run a forward generator to the end and return its output.
+
+    Side effects: those of the steps it runs (launches, collectives, host syncs)."""
     while True:
         try:
             next(steps)
@@ -74,7 +76,9 @@ def with_all_issued(steps: Generator[str, None, torch.Tensor], ctx: ForwardConte
                     ) -> Generator[str, None, torch.Tensor]:
     """``steps`` (one forward or micro-batch of ``ctx``), passing its yields through, plus
     :data:`ALL_ISSUED` right after its last issue: the last chunk's combine, or the
-    ``DURING_COMBINE`` shared MLP after it. Returns the steps' output."""
+    ``DURING_COMBINE`` shared MLP after it. Returns the steps' output.
+
+    Side effects: none of its own; those of ``steps`` as it advances them."""
     last = SHARED_ISSUED if shared_expert.issues_during_combine(ctx) else COMBINE_ISSUED
     combines = 0
     while True:
@@ -227,7 +231,11 @@ class ExternalCommScheduler:
 
     def issue_dispatch(self, layer: LayerView, ctx: ForwardContext, c: int, role: str) -> Any:
         """Chunk ``c`` up to the issued dispatch: [start_wait] route [done_wait] statistic
-        eplb.route dispatch. Returns the (in-flight) ``DispatchResult``."""
+        eplb.route dispatch. Returns the (in-flight) ``DispatchResult``.
+
+        Routing, the EPLB hooks and the quantization launch on the current stream; then the
+        strategy's dispatch, issued async: a collective over the layer's group (AllToAll
+        host-syncs on its counts; AllGatherReduceScatter and NoComm do not)."""
         plan, tracer, bal = ctx.plan, ctx.tracer, layer.balancer
         hooks, first = bal.enabled, c == 0 and ctx.hooks_begin
         single = plan.num_chunks == 1
@@ -267,7 +275,11 @@ class ExternalCommScheduler:
 
     def run_experts_and_combine(self, layer: LayerView, ctx: ForwardContext, c: int,
                                 dispatched: Any, role: str) -> Any:
-        """dispatch.wait, experts, [start_set_cpu], combine (issued). Returns the handle."""
+        """dispatch.wait, experts, [start_set_cpu], combine (issued). Returns the handle.
+
+        Waits on the dispatch (:meth:`Pending.wait`), launches the experts on the current stream
+        (host syncs only where the backend has them), then issues the combine async: a collective
+        over the layer's group."""
         tracer, bal = ctx.tracer, layer.balancer
         with tracer.phase("dispatch.wait", stream=role):
             dispatched.wait()
@@ -293,7 +305,9 @@ class ExternalCommScheduler:
     def backend_quantizes(layer: LayerView) -> bool:
         """An FP8 layer whose rows never travel (one rank) on a backend that quantizes them
         itself (``fuses_activation_quant``): no ``quantize`` step, the backend gets the
-        activation-dtype rows. Rank-identical (world size and backend class are)."""
+        activation-dtype rows. Rank-identical (world size and backend class are).
+
+        Pure; host only."""
         return layer.mapping.world_size == 1 and type(layer.backend).fuses_activation_quant
 
     @staticmethod
@@ -316,7 +330,10 @@ class ExternalCommScheduler:
 
     def finish_chunk(self, layer: LayerView, ctx: ForwardContext, c: int, handle: Any,
                      role: str) -> torch.Tensor:
-        """combine.wait, [done_set_cpu]. Returns the chunk's ``[n, H]`` output."""
+        """combine.wait, [done_set_cpu]. Returns the chunk's ``[n, H]`` output.
+
+        Waits on the combine (host-blocking on gloo; on NCCL it orders the current stream); a due
+        ``done_set_cpu`` rebalances (collectives, host syncs)."""
         tracer, bal = ctx.tracer, layer.balancer
         with tracer.phase("combine.wait", stream=role):
             out = handle.wait()
@@ -398,7 +415,9 @@ class ExternalCommScheduler:
     def determine_communication_method(layer: LayerView, plan: ForwardPlan) -> Any:
         """4.1 step 4: keep the strategy if feasible for this forward, else fall back to
         ``AllGatherReduceScatter`` permanently (same decision on every rank: the inputs are
-        rank-identical)."""
+        rank-identical).
+
+        Host only; no collective (a fallback replaces the strategy and logs a warning)."""
         strategy = layer.strategy
         if strategy.is_workload_feasible(plan.padded_counts, plan.num_chunks):
             return strategy

@@ -112,7 +112,10 @@ def _parameters(layer: Any) -> tuple[torch.Tensor, ...]:
 def issue(layer: Any, x: torch.Tensor, router_logits: torch.Tensor, straight: Straight,
           input_ready_event: Any) -> torch.Tensor:
     """:func:`forward` without the launch program: route, experts, shared expert, issued
-    through the router's and the backend's own calls. Same contract."""
+    through the router's and the backend's own calls. Same contract.
+
+    Current stream; no collective; no host sync beyond the backend's (e.g. the reference
+    backend's ``nonzero``)."""
     cfg = layer.config
     regime = straight.regime
     routed = layer.router(router_logits, valid_rows=x.shape[0])

@@ -16,7 +16,9 @@ __all__ = ["ForwardPlan", "plan_forward", "split_rows"]
 
 
 def split_rows(rows: int, num_chunks: int) -> tuple[int, ...]:
-    """Split ``rows`` into ``num_chunks`` sizes differing by at most one, larger first."""
+    """Split ``rows`` into ``num_chunks`` sizes differing by at most one, larger first.
+
+    Pure; host only."""
     q, r = divmod(rows, num_chunks)
     return tuple(q + 1 if i < r else q for i in range(num_chunks))
 
@@ -54,7 +56,7 @@ class ForwardPlan:
         return self.padded_counts[self.rank]
 
     def chunk_bounds(self, c: int) -> tuple[int, int]:
-        """``[lo, hi)`` of this rank's rows in chunk ``c``."""
+        """``[lo, hi)`` of this rank's rows in chunk ``c``. Pure; host only."""
         return self.bounds[c]
 
     @property

@@ -114,7 +114,7 @@ def layer_digest(*parts: object) -> int:
 
 
 def not_loaded_message(layer_idx: int | None, ranks: list[int]) -> str:
-    """The message every rank raises when ``ranks`` have no weights loaded."""
+    """The message every rank raises when ``ranks`` have no weights loaded. Pure; host only."""
     return (f"layer {layer_idx}: weights are not loaded on rank(s) {ranks}: call "
             "load_weights(w13, w2) (or load_expert_weights) on every rank first")
 

@@ -101,7 +101,9 @@ class PhaseKey:
     phase: str
 
     def sort_key(self) -> tuple:
-        """Layers, then micro-batches, then chunks in order (None first), then phase name."""
+        """Layers, then micro-batches, then chunks in order (None first), then phase name.
+
+        Pure; host only."""
 
         def k(v: int | None) -> tuple[int, int]:
             return (0, 0) if v is None else (1, v)
@@ -199,13 +201,15 @@ class OverlapReport:
     notes: tuple[str, ...] = ()
 
     def lanes_with_role(self, role: str) -> tuple[Lane, ...]:
-        """The lanes of :attr:`device` with ``role`` (one of :data:`ROLES`)."""
+        """The lanes of :attr:`device` with ``role`` (one of :data:`ROLES`). Pure; host only."""
         if role not in ROLES:
             raise ValueError(f"role={role!r} is invalid: use one of {list(ROLES)}")
         return tuple(ln for ln in self.lanes if ln.role == role and ln.device == self.device)
 
     def by_phase(self) -> dict[str, PhaseTime]:
-        """``phases`` summed over layers, micro-batches and chunks: ``{phase: PhaseTime}``."""
+        """``phases`` summed over layers, micro-batches and chunks: ``{phase: PhaseTime}``.
+
+        Pure; host only."""
         out: dict[str, PhaseTime] = {}
         for key, t in self.phases.items():
             prev = out.get(key.phase)

@@ -36,6 +36,8 @@ def backend_class(name: str) -> type[Backend]:
     """The backend class registered as ``name`` (imported lazily: triton is optional).
 
     Raises ValueError for an unknown name, listing the valid ones.
+
+    Host only; imports the backend's module on first use (no device work).
     """
     if name == "reference":
         return ReferenceExperts

@@ -144,7 +144,9 @@ class Backend(abc.ABC):
 
     @classmethod
     def eligibility(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
-        """:func:`backend_eligibility` of this class (declarations, then ``can_implement``)."""
+        """:func:`backend_eligibility` of this class (declarations, then ``can_implement``).
+
+        Pure; host only."""
         return backend_eligibility(cls, problem, deployment, env)
 
     def kernel_config(self, *, num_slots: int, hidden: int, intermediate: int, num_tokens: int,
@@ -164,7 +166,9 @@ class Backend(abc.ABC):
         return ()
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:
-        """Peak temporary bytes for ``rows`` rows of one chunk (for the resolution report)."""
+        """Peak temporary bytes for ``rows`` rows of one chunk (for the resolution report).
+
+        Pure; host only (arithmetic, no allocation on the device)."""
         elt = torch.empty((), dtype=problem.dtype).element_size()
         k, h, i = problem.top_k, problem.hidden_size, problem.intermediate_size
         # gathered rows + gate/up activations + expert outputs, per (t, j) pair, plus fp32 sum

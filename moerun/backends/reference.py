@@ -24,7 +24,10 @@ __all__ = ["ReferenceExperts", "reference_moe", "slot_w13", "slot_w2"]
 
 def slot_w13(s: int, w13: torch.Tensor, shared: FusedShared | None) -> torch.Tensor:
     """``[2I, H]`` gate and up rows of slot ``s``: routed (``s < S``) or the ``I``-wide slice
-    ``s - S`` of the fused shared expert (a copy of its gate and up rows)."""
+    ``s - S`` of the fused shared expert (a copy of its gate and up rows).
+
+    A view for a routed slot; for a shared slot one ``torch.cat`` copy on the current stream. No
+    host sync; capturable."""
     if s < w13.shape[0]:
         return w13[s]
     assert shared is not None
@@ -35,7 +38,9 @@ def slot_w13(s: int, w13: torch.Tensor, shared: FusedShared | None) -> torch.Ten
 
 
 def slot_w2(s: int, w2: torch.Tensor, shared: FusedShared | None) -> torch.Tensor:
-    """``[H, I]`` down projection of slot ``s`` (see :func:`slot_w13`)."""
+    """``[H, I]`` down projection of slot ``s`` (see :func:`slot_w13`).
+
+    Returns a view: no device work, no host sync."""
     if s < w2.shape[0]:
         return w2[s]
     assert shared is not None
@@ -93,6 +98,9 @@ class ReferenceExperts(Backend):
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        """Eligibility of the reference backend for ``problem``: SiLU-GLU activations only.
+
+        Pure; host only."""
         if problem.activation != Activation.SILU_GLU:
             return Eligibility.no(RejectReason.ACTIVATION, f"{problem.activation} unsupported")
         return Eligibility.yes()

@@ -61,7 +61,9 @@ def preferred_order(problem: Problem, env: Env, *,
 
 
 def selection_table(bench: dict[str, Any]) -> dict[str, Any]:
-    """Build the table from a ``moerun bench --out`` JSON (schema ``moerun-bench/1``)."""
+    """Build the table from a ``moerun bench --out`` JSON (schema ``moerun-bench/1``).
+
+    Pure; host only."""
     per_shape: dict[tuple, dict[str, list[float]]] = {}
     names: dict[tuple, str] = {}
     for cell in bench["cells"]:

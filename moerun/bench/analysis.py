@@ -60,7 +60,7 @@ class BackendSummary:
 
 
 def geomean(values: list[float]) -> float | None:
-    """Geometric mean of positive values; None for an empty list."""
+    """Geometric mean of positive values; None for an empty list. Pure; host only."""
     vals = [v for v in values if v is not None and v > 0]
     if not vals:
         return None
@@ -73,7 +73,7 @@ def _eff(floor_us: float, us: float | None) -> float | None:
 
 def analyze_cell(cell: CellResult, ceilings: Ceilings, peers: PeerTable | None,
                  graph_max_tokens: int) -> list[BackendView]:
-    """Derive floor/time and peer ratios for every backend of ``cell``."""
+    """Derive floor/time and peer ratios for every backend of ``cell``. Pure; host only."""
     floor_us, bound = cell.floor.us, cell.floor.bound
     dims = (cell.num_experts, cell.top_k, cell.hidden, cell.intermediate)
     views = []
@@ -103,7 +103,7 @@ def analyze_cell(cell: CellResult, ceilings: Ceilings, peers: PeerTable | None,
 
 def summarize(cells: list[CellResult], views: list[list[BackendView]]) -> list[BackendSummary]:
     """One :class:`BackendSummary` per (group, backend): groups in :data:`GROUPS` order,
-    backends in first-seen order."""
+    backends in first-seen order. Pure; host only."""
     names = list(dict.fromkeys(v.name for vs in views for v in vs))
     groups = sorted({c.group for c in cells}, key=lambda g: (GROUPS.index(g)
                                                             if g in GROUPS else len(GROUPS), g))

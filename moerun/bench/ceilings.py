@@ -63,6 +63,9 @@ class Ceilings:
         return max(self.read_bw, self.copy_bw)
 
     def describe(self) -> str:
+        """One line of the three ceilings, the bandwidth used, and how they were measured.
+
+        Pure; host only."""
         how = (f" (read over {self.read_bytes / 2**30:.3g} GiB; matmul {self.matmul_dtype} "
                f"{self.matmul_size}^3)" if self.read_bytes else " (given)")
         return (f"read {self.read_bw / 1e12:.3f} TB/s, copy r+w {self.copy_bw / 1e12:.3f} TB/s "
@@ -101,7 +104,9 @@ def floor_for(shape: BenchShape, tokens: int, experts_hit: float, elt: int,
 
 
 def parse_ceilings(text: str) -> Ceilings:
-    """``"READ_BW,COPY_BW,FLOPS"`` (B/s, B/s, FLOP/s; floats such as ``4.1e12``) -> Ceilings."""
+    """``"READ_BW,COPY_BW,FLOPS"`` (B/s, B/s, FLOP/s; floats such as ``4.1e12``) -> Ceilings.
+
+    Pure; host only."""
     try:
         read_bw, copy_bw, flops = (float(v) for v in text.split(","))
     except ValueError:
@@ -147,7 +152,9 @@ def measure_run_ceilings(device: torch.device, dtype: torch.dtype, *,
                          read_bytes: int | None = None, matmul_size: int | None = None,
                          seed: int = 0) -> Ceilings:
     """:func:`measure_ceilings` with the run defaults of ``moerun bench`` and ``moerun tune``:
-    a 2 GiB read buffer and an 8192-square ``dtype`` matmul on CUDA (64 MiB / 512 on CPU)."""
+    a 2 GiB read buffer and an 8192-square ``dtype`` matmul on CUDA (64 MiB / 512 on CPU).
+
+    Allocates and times work on ``device``; host syncs (timers): not capturable."""
     cuda = device.type == "cuda"
     return measure_ceilings(device, read_bytes=read_bytes or (2 * _GIB if cuda else 64 * 2 ** 20),
                             matmul_size=matmul_size or (8192 if cuda else 512),

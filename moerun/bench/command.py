@@ -28,7 +28,9 @@ _DTYPES = ("float32", "float16", "bfloat16", "fp8")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the expert-compute benchmark's flags to ``parser`` (no ``--overhead``/``--n``)."""
+    """Add the expert-compute benchmark's flags to ``parser`` (no ``--overhead``/``--n``).
+
+    Host only; mutates ``parser``."""
     g = parser.add_argument_group("expert-compute matrix")
     g.add_argument("--shapes", default=None,
                    help="comma list of shapes: mixtral8x7b, qwen3-30b-a3b, qwen3-235b-a22b, "
@@ -330,7 +332,11 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m moerun.bench [flags]``: the matrix without the ``moerun`` CLI."""
+    """``python -m moerun.bench [flags]``: the matrix without the ``moerun`` CLI.
+
+    Side effects: those of :func:`run`: prints, sets
+    ``torch.backends.cuda.matmul.allow_tf32 = False`` (not restored), runs and times device work
+    with host syncs, writes the files its flags name."""
     parser = argparse.ArgumentParser(prog="python -m moerun.bench",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)

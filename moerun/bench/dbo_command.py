@@ -169,7 +169,11 @@ def _usage_error(args: argparse.Namespace) -> tuple[str | None, str]:
 
 def run_dbo_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run ``moerun bench --dbo``. Returns 0, or 2 on a usage error (reported before any
-    rank starts)."""
+    rank starts).
+
+    Side effects: prints to ``out``/``err``; on CUDA builds and times layers on the current
+    device (host syncs); on CPU spawns gloo ranks (collectives) and, with ``--trace``, writes
+    trace files."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     problem, device = _usage_error(args)

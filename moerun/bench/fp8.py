@@ -92,7 +92,7 @@ def fp8_floor(shape: BenchShape, tokens: int, experts_hit: float, ceilings: Ceil
 
 def fp8_floor_us(shape: BenchShape, tokens: int, experts_hit: float, ceilings: Ceilings,
                  fp8_rate: float) -> float:
-    """:func:`fp8_floor` in µs."""
+    """:func:`fp8_floor` in µs. Pure; host only."""
     return fp8_floor(shape, tokens, experts_hit, ceilings, fp8_rate).us
 
 
@@ -117,7 +117,7 @@ def fp8_weights(shape: BenchShape, device: torch.device, gen: torch.Generator,
                  act_dtype: torch.dtype):
     """Random finite e4m3 codes, positive block scales giving the dequantized weights a std
     of about ``H^-0.5`` / ``I^-0.5``, and the dequantized weights in ``act_dtype`` (built one
-    expert at a time)."""
+    expert at a time). Allocates and fills on ``device`` (draws from ``gen``); no host sync."""
     e, h, i = shape.num_experts, shape.hidden, shape.intermediate
 
     def codes(*size):

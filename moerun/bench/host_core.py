@@ -46,7 +46,9 @@ def loop_samples(n: int) -> list[float]:
 
 
 def loop_us(repeats: int = 5) -> float:
-    """The fastest of ``repeats`` :func:`loop_samples`, in µs."""
+    """The fastest of ``repeats`` :func:`loop_samples`, in µs.
+
+    Host only: busy-times a Python loop on the calling thread's core."""
     return min(loop_samples(repeats))
 
 
@@ -61,6 +63,9 @@ class CoreSurvey:
         return min(self.speeds, key=self.speeds.__getitem__)
 
     def describe(self) -> str:
+        """One line: the loop's range of times over the surveyed cores and the fastest core.
+
+        Pure; host only."""
         lo, hi = min(self.speeds.values()), max(self.speeds.values())
         return (f"python loop {lo:.0f}-{hi:.0f} us over {len(self.speeds)} cores, fastest "
                 f"core {self.fastest}")
@@ -68,7 +73,9 @@ class CoreSurvey:
 
 def survey(repeats: int = 5) -> CoreSurvey:
     """Time :func:`loop_us` on each core the calling thread may use, restoring its affinity
-    afterwards. Linux only (``os.sched_setaffinity``)."""
+    afterwards. Linux only (``os.sched_setaffinity``).
+
+    Host only; changes the calling thread's CPU affinity while it runs."""
     allowed = sorted(os.sched_getaffinity(0))
     speeds = {}
     try:
@@ -93,7 +100,10 @@ class Placement:
 def placed(where: str | int, repeats: int = 3) -> Iterator[Placement]:
     """Run the block on one core: ``"fastest"`` (a fresh :func:`survey`'s fastest), a core
     number, or ``"none"`` (no change). Restores the thread's affinity and torch's thread
-    count on exit. Raises ``ValueError`` naming ``--host-core`` for a core not allowed."""
+    count on exit. Raises ``ValueError`` naming ``--host-core`` for a core not allowed.
+
+    Host only; while the block runs, pins the calling thread to the core and sets
+    ``torch.set_num_threads(1)`` (process-wide)."""
     if where == "none":
         yield Placement(core=None, loop_us=float("nan"))
         return
@@ -125,7 +135,9 @@ def _allowed_core(core: int) -> int:
 
 def parse_host_core(value: str) -> str | int:
     """``--host-core``: ``none`` (leave the affinity), ``fastest`` (the survey's fastest
-    core) or a core number this process may use. Raises ``ValueError`` naming the flag."""
+    core) or a core number this process may use. Raises ``ValueError`` naming the flag.
+
+    Host only; reads this process's CPU affinity."""
     if value in ("none", "fastest"):
         return value
     try:

@@ -53,7 +53,9 @@ class Case:
 def make_weights(shape: BenchShape, dtype: torch.dtype, device: torch.device | str, *,
                  seed: int = 0, generator: torch.Generator | None = None) -> Weights:
     """Random ``w13`` / ``w2`` for ``shape`` on ``device`` (``shape.weight_bytes`` bytes:
-    deepseek-v3 bf16 is 22.5 GB). ``generator`` (on ``device``) wins over ``seed``."""
+    deepseek-v3 bf16 is 22.5 GB). ``generator`` (on ``device``) wins over ``seed``.
+
+    Allocates and fills on ``device`` (current stream); no host sync."""
     g = generator or torch.Generator(device=device).manual_seed(seed)
     h, i, e = shape.hidden, shape.intermediate, shape.num_experts
     with torch.no_grad():
@@ -68,7 +70,7 @@ def make_fp8_weights(shape: BenchShape, dtype: torch.dtype, device: torch.device
     :func:`moerun.quant.quantize_weight_blocks` (128 x 128 blocks), ``chunk`` experts at a
     time (the fp32 temporaries stay at ``chunk`` experts; the ``dtype`` weights are freed
     before returning, so the peak is their bytes plus the fp8 copy: 34 GB for deepseek-v3 in
-    bf16)."""
+    bf16). Allocates and quantizes on ``device`` (current stream); no host sync."""
     from moerun.quant import FP8_DTYPE, QuantConfig, quantize_weight_blocks
 
     src = make_weights(shape, dtype, device, seed=seed)
@@ -93,7 +95,9 @@ def draw_routing(tokens: int, num_experts: int, top_k: int, gen: torch.Generator
                  device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Uniform random routing: ``(weights [T, K] fp32, ids [T, K] int32)``; each token gets K
     distinct experts of ``[0, num_experts)``, every K-subset equally likely (top-K of i.i.d.
-    uniform scores); weights are a softmax of normal logits (rows sum to 1)."""
+    uniform scores); weights are a softmax of normal logits (rows sum to 1).
+
+    Allocates on ``device``, draws from ``gen``; no host sync."""
     scores = torch.rand(tokens, num_experts, generator=gen, device=device)
     ids = scores.topk(top_k, dim=1).indices.to(torch.int32)
     weights = torch.softmax(torch.randn(tokens, top_k, generator=gen, device=device), dim=1)
@@ -103,7 +107,9 @@ def draw_routing(tokens: int, num_experts: int, top_k: int, gen: torch.Generator
 def make_case(shape: BenchShape, tokens: int, dtype: torch.dtype, device: torch.device | str,
               *, seed: int = 0, drop: float = 0.0) -> Case:
     """``x [T, H]`` random normal plus :func:`draw_routing` over ``shape``'s experts;
-    ``drop`` of the ids (independently) become ``-1`` (another rank's slot / padding)."""
+    ``drop`` of the ids (independently) become ``-1`` (another rank's slot / padding).
+
+    Allocates on ``device``; no host sync."""
     if not 0.0 <= drop < 1.0:
         raise ValueError(f"make_case: drop={drop!r} must be in [0, 1)")
     g = torch.Generator(device=device).manual_seed(seed)

@@ -67,6 +67,7 @@ class LayerShape:
     routing: RoutingConfig
 
     def expert_shape(self) -> BenchShape:
+        """The routed experts of this layer shape as a :class:`BenchShape`. Pure; host only."""
         return BenchShape(name=self.name, num_experts=self.experts, top_k=self.top_k,
                           hidden=self.hidden, intermediate=self.intermediate)
 
@@ -136,6 +137,9 @@ class LayerCell:
     host_round_loop_us: tuple[float, ...] = ()
 
     def ratio(self, us: float | None) -> float | None:
+        """``floor_us / us`` (floor/time); None when ``us`` is missing or not positive.
+
+        Pure; host only."""
         return None if us is None or us <= 0 else self.floor_us / us
 
     def check_extra_us(self) -> float:
@@ -143,7 +147,7 @@ class LayerCell:
         sync: ``host_checked - host - scan`` within the round with the lowest unchecked host
         time (the three figures of a round are interleaved; the lowest figures of different
         rounds need not come from one round); from the lowest figures where the rounds are
-        not kept; NaN where not measured."""
+        not kept; NaN where not measured. Pure; host only."""
         rounds = (self.host_rounds_us, self.host_checked_rounds_us, self.scan_rounds_us)
         if all(rounds) and len({len(r) for r in rounds}) == 1:
             r = min(range(len(self.host_rounds_us)), key=self.host_rounds_us.__getitem__)
@@ -152,6 +156,7 @@ class LayerCell:
         return self.host_checked_us - self.host_us - self.scan_us
 
     def line(self) -> str:
+        """The cell's figures as one printed line (``-`` where not measured). Pure; host only."""
         def f(v: float | None, fmt: str = "{:9.1f}") -> str:
             return fmt.format(v) if v is not None else "        -"
 
@@ -167,6 +172,7 @@ class LayerCell:
                 f"{f(self.ratio(self.eager_us), '{:5.3f}')} err {self.err:.2e}")
 
     def to_json(self) -> dict[str, Any]:
+        """Every field of the cell as a JSON-ready dict. Pure; host only."""
         return dataclasses.asdict(self)
 
 
@@ -351,7 +357,9 @@ def measure_layer(layer: Any, shape: LayerShape, tokens: int, settings: LayerSet
 def run_layer_cell(shape: LayerShape, tokens: int, settings: LayerSettings,
                    ceilings: Ceilings) -> LayerCell:
     """Build the layer, check it, time it. Allocates the layer's weights on the device
-    (deepseek-v3 bf16: 22.5 GB routed + 88 MB shared); frees them before returning."""
+    (deepseek-v3 bf16: 22.5 GB routed + 88 MB shared); frees them before returning.
+
+    Runs and times device work with host syncs (not capturable); empties the CUDA cache after."""
     weights = make_weights(shape, settings, settings.seed * 7919 + tokens)
     layer = build_layer(shape, settings, weights)
     try:

@@ -109,7 +109,7 @@ class CellResult:
 
 
 def backend_names_for(settings: BenchSettings, tokens: int) -> list[str]:
-    """Backend names planned for a cell with ``tokens`` tokens."""
+    """Backend names planned for a cell with ``tokens`` tokens. Pure; host only."""
     if settings.backends is not None:
         return list(settings.backends)
     return [n for n in BENCH_BACKENDS
@@ -117,12 +117,12 @@ def backend_names_for(settings: BenchSettings, tokens: int) -> list[str]:
 
 
 def tokens_for(shape: BenchShape, tokens: list[int] | None) -> list[int]:
-    """The T list of ``shape``: ``tokens`` when given, else the shape's own."""
+    """The T list of ``shape``: ``tokens`` when given, else the shape's own. Pure; host only."""
     return list(shape.tokens) if tokens is None else list(tokens)
 
 
 def plan_cells(shapes: list[BenchShape], tokens: list[int] | None) -> list[tuple[BenchShape, int]]:
-    """Every ``(shape, T)`` cell in run order."""
+    """Every ``(shape, T)`` cell in run order. Pure; host only."""
     return [(shape, t) for shape in shapes for t in tokens_for(shape, tokens)]
 
 

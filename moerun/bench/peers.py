@@ -67,7 +67,9 @@ class PeerTable:
         return max(self.read_bw, self.copy_bw)
 
     def scale_for(self, bound: str, ceilings: Ceilings) -> float:
-        """``table ceiling / this run's ceiling`` for a ``"memory"`` or ``"compute"`` cell."""
+        """``table ceiling / this run's ceiling`` for a ``"memory"`` or ``"compute"`` cell.
+
+        Pure; host only."""
         if bound == "memory":
             return self.bandwidth / ceilings.bandwidth
         return self.flops / ceilings.flops
@@ -75,7 +77,9 @@ class PeerTable:
     def best(self, *, shape: str, tokens: int, dims: tuple[int, int, int, int], mode: str,
              bound: str, ceilings: Ceilings) -> PeerTime | None:
         """Fastest peer of ``mode`` (``"graph"`` or ``"eager"``) for the cell, scaled; None
-        when the table has no row with this shape name, ``T`` and ``(E, k, H, I)``."""
+        when the table has no row with this shape name, ``T`` and ``(E, k, H, I)``.
+
+        Pure; host only."""
         row = self.rows.get((shape, tokens))
         if row is None or (row.get("E"), row.get("k"), row.get("H"), row.get("I")) != dims:
             return None
@@ -90,6 +94,7 @@ class PeerTable:
                         scale=scale)
 
     def describe(self) -> str:
+        """One line naming the peer file, its date, device, ceilings and peers. Pure; host only."""
         return (f"{self.path} ({self.date}, {self.device}; read {self.read_bw / 1e12:.3f} TB/s, "
                 f"copy r+w {self.copy_bw / 1e12:.3f} TB/s, matmul {self.flops / 1e12:.1f} "
                 f"TFLOP/s; peers {', '.join(self.peers)})")
@@ -97,7 +102,9 @@ class PeerTable:
 
 def project_root(start: Path | str | None = None) -> Path | None:
     """The nearest folder at or above ``start`` (default: this file's folder) that holds a
-    ``pyproject.toml``; None when there is none (e.g. an installed, non-editable copy)."""
+    ``pyproject.toml``; None when there is none (e.g. an installed, non-editable copy).
+
+    Host only; reads the file system."""
     here = Path(start if start is not None else __file__).resolve()
     for folder in ([here] if here.is_dir() else []) + list(here.parents):
         if (folder / "pyproject.toml").is_file():
@@ -107,7 +114,9 @@ def project_root(start: Path | str | None = None) -> Path | None:
 
 def default_peer_dirs(root: Path | None = None) -> tuple[Path, ...]:
     """The folders searched by default, in order: ``<root>/../shared/peers`` and
-    ``<root>/shared/peers`` (``root`` default :func:`project_root`; none without a root)."""
+    ``<root>/shared/peers`` (``root`` default :func:`project_root`; none without a root).
+
+    Host only; reads the file system (via :func:`project_root`)."""
     root = project_root() if root is None else root
     if root is None:
         return ()
@@ -117,7 +126,7 @@ def default_peer_dirs(root: Path | None = None) -> tuple[Path, ...]:
 def find_peer_file(folder: Path | str | None = None) -> str | None:
     """The newest :data:`PEER_GLOB` file of ``folder``, or of the first of
     :func:`default_peer_dirs` that has one: the greatest name (names carry ISO dates:
-    ``h200-2026-12-01.json``); None when there is none."""
+    ``h200-2026-12-01.json``); None when there is none. Host only; lists folders."""
     folders = default_peer_dirs() if folder is None else (Path(folder),)
     for f in folders:
         if f.is_dir():
@@ -128,7 +137,9 @@ def find_peer_file(folder: Path | str | None = None) -> str | None:
 
 
 def describe_search(folder: Path | str | None = None) -> str:
-    """Where :func:`find_peer_file` looked, for the "none found" message."""
+    """Where :func:`find_peer_file` looked, for the "none found" message.
+
+    Host only; reads the file system (via :func:`default_peer_dirs`)."""
     folders = default_peer_dirs() if folder is None else (Path(folder),)
     if not folders:
         return (f"no project root (a folder with pyproject.toml) above {Path(__file__).parent}, "
@@ -137,7 +148,9 @@ def describe_search(folder: Path | str | None = None) -> str:
 
 
 def load_peers(path: str) -> PeerTable:
-    """Read a peer file. ValueError names the path and the missing field."""
+    """Read a peer file. ValueError names the path and the missing field.
+
+    Host only; reads ``path``."""
     with open(path) as f:
         data = json.load(f)
     try:

@@ -41,7 +41,7 @@ class BenchBackend:
 
 def load_backend(name: str) -> type[Backend]:
     """Import the class registered as ``name``. Raises ValueError (unknown name) or
-    ImportError carrying the reason it is unavailable."""
+    ImportError carrying the reason it is unavailable. Host only; imports the backend's module."""
     if name not in BENCH_BACKENDS:
         raise ValueError(f"--backends: unknown backend {name!r}; valid: "
                          f"{', '.join(BENCH_BACKENDS)}")
@@ -56,7 +56,7 @@ def load_backend(name: str) -> type[Backend]:
 
 def problem_for(num_experts: int, top_k: int, hidden: int, intermediate: int,
                 dtype: torch.dtype, device_type: str) -> Problem:
-    """The single-rank :class:`Problem` of one benchmark shape."""
+    """The single-rank :class:`Problem` of one benchmark shape. Pure; host only."""
     return Problem(num_experts=num_experts, num_slots=num_experts, top_k=top_k,
                    hidden_size=hidden, intermediate_size=intermediate, dtype=dtype,
                    activation=Activation.SILU_GLU, device_type=device_type)
@@ -68,6 +68,8 @@ def select_backends(names: list[str], problem: Problem, env: Env) -> tuple[list[
 
     Returns ``(chosen, skipped)``: ``skipped`` maps a name to its reason (import failure,
     ``can_implement`` reason enum and detail, or constructor failure).
+
+    Host only: imports and constructs the backends (no device work).
     """
     deployment = Deployment(rank=0, world_size=1, comm_backend="none",
                             num_local_slots=problem.num_slots, divisible=True)

@@ -70,6 +70,7 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
+        """End the progress bar's line. Host only; writes a newline to ``stream`` on a terminal."""
         if self.enabled and self._tty:
             self.stream.write("\n")
             self.stream.flush()
@@ -97,7 +98,7 @@ def cell_line(cell: CellResult, views: list[BackendView]) -> str:
     """``cell shape=.. T=.. hit=.. bound=.. floor_us=.. | NAME eager_us=.. eager_eff=..
     graph_us=.. graph_eff=.. vs_peer=.. vs_peer_eager=.. err=.. ok|FAIL config=".." | ...``;
     ``-`` marks a value not measured (``config="-"``: the backend has no tuned configs);
-    skipped backends appear as ``| NAME skipped``."""
+    skipped backends appear as ``| NAME skipped``. Pure; host only."""
     parts = [f"cell shape={cell.shape} T={cell.tokens} hit={cell.experts_hit_mean:.1f} "
              f"bound={cell.floor.bound} floor_us={_us(cell.floor.us)}"]
     for v in views:
@@ -114,7 +115,7 @@ def cell_line(cell: CellResult, views: list[BackendView]) -> str:
 
 def summary_line(s: BackendSummary) -> str:
     """``summary backend=.. group=.. cells=.. geomean_eff=.. worst=".." worst_eff=..
-    geomean_vs_peer=.. peer_cells=.. failures=.. heuristic_cells=..``"""
+    geomean_vs_peer=.. peer_cells=.. failures=.. heuristic_cells=..`` Pure; host only."""
     return (f"summary backend={s.name} group={s.group} cells={s.cells} "
             f"geomean_eff={_num(s.geomean_eff, '.3f')} "
             f"worst=\"{s.worst}\" worst_eff={_num(s.worst_eff, '.3f')} "
@@ -133,7 +134,7 @@ def render_table(cells: list[CellResult], views: list[list[BackendView]],
     """The full table printed at the end of a run: one row per (cell, backend) with the
     serving mode and time, floor, floor/time, the best peer of that mode scaled to this run's
     ceilings and peer/ours (columns left out without a peer file), the kernel config source
-    and the error; then the geomeans per (group, backend)."""
+    and the error; then the geomeans per (group, backend). Pure; host only."""
     head = ["shape", "T", "group", "backend", "mode", "µs", "floor µs", "floor/t"]
     if peers is not None:
         head += ["best peer µs (scaled)", "peer/ours"]
@@ -182,7 +183,7 @@ def to_json(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
             cells: list[CellResult], views: list[list[BackendView]],
             summaries: list[BackendSummary]) -> dict:
     """Everything measured plus everything derived; :func:`from_json` reads the measured part
-    back. Times in µs, bandwidths in B/s, rates in FLOP/s."""
+    back. Times in µs, bandwidths in B/s, rates in FLOP/s. Pure; host only."""
     out_cells = []
     for cell, vs in zip(cells, views):
         backends = {}
@@ -230,7 +231,9 @@ def to_json(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
 
 
 def from_json(data: dict) -> tuple[RunInfo, Ceilings, list[CellResult]]:
-    """The measured part of a :func:`to_json` document. ValueError on another schema."""
+    """The measured part of a :func:`to_json` document. ValueError on another schema.
+
+    Pure; host only."""
     if data.get("schema") != SCHEMA:
         raise ValueError(f"not a {SCHEMA} document (schema={data.get('schema')!r})")
     st = data["settings"]
@@ -264,7 +267,9 @@ def render_markdown(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
                     cells: list[CellResult], views: list[list[BackendView]],
                     summaries: list[BackendSummary]) -> str:
     """``benchmarks/RESULTS.md``: how the numbers were made, the summary, one row per
-    (cell, backend). Written by ``moerun bench --write-results``; not hand-edited."""
+    (cell, backend). Written by ``moerun bench --write-results``; not hand-edited.
+
+    Pure; host only."""
     graph_text = (f"and as CUDA-graph replay ({info.calls_per_graph} calls per graph on "
                   f"different pre-drawn routings, T <= {info.graph_max_tokens})"
                   if info.graph else "(graph replay off)")
@@ -343,7 +348,7 @@ def render_markdown(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
 def write_results_section(path: str, section: str) -> None:
     """Write ``section`` into the markdown file ``path`` between the expert-compute markers,
     replacing an earlier section and keeping everything else (other benchmarks' sections);
-    a new file gets a title line first."""
+    a new file gets a title line first. Host only; reads and rewrites the file ``path``."""
     block = f"{SECTION_BEGIN}\n{section.rstrip()}\n{SECTION_END}\n"
     try:
         with open(path) as f:

@@ -65,7 +65,7 @@ class BenchShape:
             raise ValueError(f"BenchShape.group={self.group!r}: use one of {GROUPS}")
 
     def weight_bytes(self, elt: int) -> int:
-        """Bytes of ``w13`` plus ``w2`` for elements of ``elt`` bytes."""
+        """Bytes of ``w13`` plus ``w2`` for elements of ``elt`` bytes. Pure; host only."""
         return self.num_experts * 3 * self.hidden * self.intermediate * elt
 
 
@@ -90,7 +90,7 @@ DEFAULT_SHAPES = ("mixtral8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v
 def parse_shape_spec(spec: str) -> BenchShape:
     """One ``--shapes`` entry: a registered name, or ``E:K:H:I`` (a custom shape named
     ``E{E}k{K}H{H}I{I}``, group ``custom``, the default T list). ValueError names the entry
-    and the valid names."""
+    and the valid names. Pure; host only."""
     name = spec.strip()
     if name in SHAPES:
         return SHAPES[name]
@@ -107,7 +107,7 @@ def parse_shape_spec(spec: str) -> BenchShape:
 
 def parse_shapes(text: str | None) -> list[BenchShape]:
     """``"a,b"`` -> shapes; None/``"default"`` -> :data:`DEFAULT_SHAPES` (20 model cells and 8
-    EP-local cells). ValueError names the unknown entry and the valid ones."""
+    EP-local cells). ValueError names the unknown entry and the valid ones. Pure; host only."""
     if text is None or text == "default":
         return [SHAPES[n] for n in DEFAULT_SHAPES]
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -118,7 +118,7 @@ def parse_shapes(text: str | None) -> list[BenchShape]:
 
 def parse_tokens(text: str | None) -> list[int] | None:
     """``"1,16"`` -> ``[1, 16]``; None -> None (each shape's own :attr:`BenchShape.tokens`).
-    Each count must be >= 1."""
+    Each count must be >= 1. Pure; host only."""
     if text is None:
         return None
     try:

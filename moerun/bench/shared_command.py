@@ -45,7 +45,7 @@ _CPU_TOKENS = (4, 16)
 
 def shared_shapes(cuda: bool):
     """The layer shapes of the benchmark: DeepSeek-V3-like at E=32 and E=256 (CUDA), or the
-    tiny CPU shape."""
+    tiny CPU shape. Pure; host only."""
     from moerun.bench.layer import LAYER_SHAPES, LayerShape
     from moerun.config import RoutingConfig, RoutingMethod
 
@@ -72,7 +72,11 @@ def _pick(times: dict[str, float], min_gain: float) -> str:
 
 def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run ``moerun bench --shared``. Returns 0, 1 if a variant failed its correctness
-    bound, 2 on a usage error. Writes the table with ``--write-table``."""
+    bound, 2 on a usage error. Writes the table with ``--write-table``.
+
+    Side effects: prints to ``out``/``err``; sets
+    ``torch.backends.cuda.matmul.allow_tf32 = False`` (not restored); builds and times layers on
+    the device with host syncs; ``--write-table`` rewrites the table file."""
     from moerun.bench.ceilings import measure_ceilings, parse_ceilings
     from moerun.bench.device import device_of, device_text
     from moerun.bench.layer import LayerSettings, build_layer, make_weights, measure_layer

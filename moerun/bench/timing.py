@@ -52,7 +52,10 @@ def host_issue_samples(fn: Callable[[int], Any], device: torch.device, samples: 
                        warmup: int) -> list[float]:
     """Host time of each of ``samples`` calls ``fn(i)`` issued with an idle device queue: on
     CUDA a ``synchronize`` before each call (outside the timed region), then ``perf_counter``
-    around it; after ``warmup`` untimed calls. Seconds per call."""
+    around it; after ``warmup`` untimed calls. Seconds per call.
+
+    Host sync: ``torch.cuda.synchronize()`` before each call and at the end (CUDA); not
+    capturable."""
     cuda = device.type == "cuda"
     for i in range(warmup):
         fn(i)
@@ -84,7 +87,10 @@ def interleaved_host_samples(calls: Sequence[HostCall], device: torch.device, sa
     host's speed during the round reaches every call alike (figures that are subtracted
     from each other should come from one such round). ``warmup`` untimed rounds first.
     Each timed call follows the previous call of the rotation and a ``synchronize`` (CUDA).
-    Returns one list of seconds per call, in ``calls`` order."""
+    Returns one list of seconds per call, in ``calls`` order.
+
+    Host sync: ``torch.cuda.synchronize()`` before each call and at the end (CUDA); not
+    capturable."""
     cuda = device.type == "cuda"
     out: list[list[float]] = [[] for _ in calls]
     for i in range(warmup + samples):

@@ -38,7 +38,9 @@ COMM_NAMES = {"none": NoComm, "allgather": AllGatherReduceScatter, "alltoall": A
 
 
 def strategy_class(name: str) -> type[CommStrategy]:
-    """The strategy registered as ``name``; ValueError listing valid names otherwise."""
+    """The strategy registered as ``name``; ValueError listing valid names otherwise.
+
+    Pure; host only."""
     try:
         return COMM_NAMES[name]
     except KeyError:

@@ -55,14 +55,20 @@ class AllGatherReduceScatter(CommStrategy):
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        """Eligible on two ranks or more (:func:`multi_rank_only`). Pure; host only."""
         return multi_rank_only(deployment)
 
     def supports_post_quant_dispatch(self) -> bool:
-        """True: e4m3 bytes plus fp32 scales are gathered (module docstring)."""
+        """True: e4m3 bytes plus fp32 scales are gathered (module docstring). Pure; host only."""
         return True
 
     def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
                  async_op: bool = False) -> DispatchResult:
+        """All-gather this chunk's rows (padded to the chunk's max) and their packed ids and weights
+        from every rank (:meth:`CommStrategy.dispatch`).
+
+        Collective over the layer's group (two all-gathers); current stream; no device-to-host
+        sync, capturable on NCCL. Without ``async_op`` it waits at once (host-blocking on gloo)."""
         if isinstance(x, QuantizedRows):
             return self._dispatch_quantized(x, topk_ids, topk_weights, prepared=prepared,
                                             async_op=async_op)
@@ -138,11 +144,19 @@ class AllGatherReduceScatter(CommStrategy):
         return result if async_op else result.wait()
 
     def own_rows(self, dispatch: DispatchResult) -> tuple[int, int]:
-        """This rank's rows sit at ``[rank*m, rank*m + n)`` of the gathered rows."""
+        """This rank's rows sit at ``[rank*m, rank*m + n)`` of the gathered rows.
+
+        Pure; host only."""
         chunk = dispatch.meta
         return self.rank * chunk.max, self.rank * chunk.max + chunk.local
 
     def combine(self, expert_out, dispatch: DispatchResult, *, async_op: bool = False):
+        """Reduce-scatter the fp32 partial sums back to their source ranks
+        (:meth:`CommStrategy.combine`).
+
+        Collective over the layer's group (one reduce-scatter; on gloo an all-to-all and a local
+        sum); current stream; no device-to-host sync, capturable on NCCL. Without ``async_op`` it
+        waits at once."""
         chunk = dispatch.meta
         m, n = chunk.max, chunk.local
         x = dispatch.x  # quantized rows: the experts' output dtype (the activation dtype)

@@ -66,10 +66,14 @@ class AllToAll(CommStrategy):
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        """Eligible on two ranks or more (:func:`multi_rank_only`). Pure; host only."""
         return multi_rank_only(deployment)
 
     def prepare_dispatch(self, topk_ids: torch.Tensor, chunk: ChunkCounts,
                          cursor: CollectiveCursor) -> PreparedDispatch:
+        """The rows this rank sends to each rank, destination-major, and their counts.
+
+        Host sync (``nonzero``, ``.tolist()``): not capturable. No collective."""
         owner = self.partition.owner_of(topk_ids)  # [n, K], -1 for padded/-1 ids
         ranks = torch.arange(self.world_size, device=topk_ids.device)
         send_mask = (owner[:, :, None] == ranks[None, None, :]).any(dim=1)  # [n, R]
@@ -80,7 +84,7 @@ class AllToAll(CommStrategy):
         return PreparedDispatch(chunk=chunk, cursor=cursor, layout=layout)
 
     def supports_post_quant_dispatch(self) -> bool:
-        """True: e4m3 bytes plus fp32 scales are exchanged (module docstring)."""
+        """True: e4m3 bytes plus fp32 scales are exchanged (module docstring). Pure; host only."""
         return True
 
     def _recv_counts(self, layout: _A2ALayout, cur: CollectiveCursor,
@@ -107,6 +111,10 @@ class AllToAll(CommStrategy):
 
     def dispatch(self, x, topk_ids, topk_weights, *, prepared: PreparedDispatch,
                  async_op: bool = False) -> DispatchResult:
+        """Send each row once to each rank holding one of its slots (:meth:`CommStrategy.dispatch`).
+
+        Collective over the layer's group (three all-to-alls: counts, rows, metadata); host sync
+        (the received counts, ``.tolist()``): not capturable."""
         if isinstance(x, QuantizedRows):
             return self._dispatch_quantized(x, topk_ids, topk_weights, prepared=prepared,
                                             async_op=async_op)
@@ -184,6 +192,11 @@ class AllToAll(CommStrategy):
         return result if async_op else result.wait()
 
     def combine(self, expert_out, dispatch: DispatchResult, *, async_op: bool = False):
+        """Return the fp32 partial sums to their source ranks and add them there
+        (:meth:`CommStrategy.combine`).
+
+        Collective over the layer's group (one all-to-all); no host sync of its own (the counts
+        came from dispatch); ``index_add_`` on the current stream at ``wait()``."""
         meta: _A2AMeta = dispatch.meta
         layout = meta.layout
         x = dispatch.x  # quantized rows: the experts' output dtype (the activation dtype)

@@ -106,6 +106,11 @@ class CombineHandle:
         self._out: torch.Tensor | None = None
 
     def wait(self) -> torch.Tensor:
+        """The ``[n, H]`` combined output, finished once; later calls return it again.
+
+        Waits as :meth:`Pending.wait` does (host-blocking on gloo or with ``debug_sync``, else
+        orders the current stream), then runs the finish step on the current stream; no
+        collective issued."""
         if self._finish is not None:
             for p in self._pending:
                 p.wait()
@@ -116,7 +121,9 @@ class CombineHandle:
 
 
 def multi_rank_only(deployment: Deployment) -> Eligibility:
-    """``can_implement`` of the strategies that need a group: >= 2 ranks (NoComm covers one)."""
+    """``can_implement`` of the strategies that need a group: >= 2 ranks (NoComm covers one).
+
+    Pure; host only."""
     if deployment.world_size < 2:
         return Eligibility.no(RejectReason.TOPOLOGY, "needs >= 2 ranks (NoComm covers one)")
     return Eligibility.yes()
@@ -168,7 +175,7 @@ class CommStrategy(abc.ABC):
 
     def own_rows(self, dispatch: DispatchResult) -> tuple[int, int]:
         """``[start, end)`` of this rank's own rows among ``dispatch.x`` (padded rows
-        included), for strategies that declare ``supports_fused_shared``."""
+        included), for strategies that declare ``supports_fused_shared``. Pure; host only."""
         raise NotImplementedError(f"{self.name} does not keep this rank's rows identifiable")
 
     def supports_post_quant_dispatch(self) -> bool:
@@ -202,4 +209,6 @@ class CommStrategy(abc.ABC):
         layer's activation dtype). Collective (except NoComm)."""
 
     def destroy(self) -> None:
-        """Release resources (none for the torch.distributed strategies)."""
+        """Release resources (none for the torch.distributed strategies).
+
+        No collective, no device work."""

@@ -110,6 +110,11 @@ class Pending:
         return self._phase
 
     def wait(self) -> Any:
+        """Wait for the collective once and return ``then()``'s result (None without ``then``).
+
+        Gloo, or NCCL with ``debug_sync``: host-blocking poll within the budget (not capturable);
+        NCCL otherwise: orders the current stream after the collective (no host sync). Raises
+        :class:`moerun.CommTimeoutError` / :class:`moerun.LayerClosedError`."""
         if not self._done:
             if self._works:
                 comm, cursor = self._comm, self._cursor
@@ -186,7 +191,10 @@ class Communicator:
                           out_splits: list[int], in_splits: list[int], *, phase: str,
                           cursor: CollectiveCursor,
                           then: Callable[[], Any] | None = None) -> Pending:
-        """Variable-split all-to-all along dim 0 (zero-row splits still participate)."""
+        """Variable-split all-to-all along dim 0 (zero-row splits still participate).
+
+        Collective over ``mapping.group``; async (returns a :class:`Pending`); one store write
+        first when the Mapping has a store."""
         import torch.distributed as dist
 
         return self._issue(

@@ -84,13 +84,18 @@ class Alignment:
 
 # ---------------------------------------------------------------- config ("generator")
 def max_blocks_for(num_pairs: int, num_slots: int, block_m: int) -> int:
-    """Static upper bound on blocks: every non-empty slot wastes at most ``BM-1`` rows."""
+    """Static upper bound on blocks: every non-empty slot wastes at most ``BM-1`` rows.
+
+    Pure; host only."""
     rows = num_pairs + min(num_slots, num_pairs) * (block_m - 1)
     return max(1, cdiv(rows, block_m))
 
 
 def align_programs(num_pairs: int, device: torch.device) -> int:
-    """Aligning programs for ``num_pairs``: 1 (single kernel) or ``G`` (grid kernel)."""
+    """Aligning programs for ``num_pairs``: 1 (single kernel) or ``G`` (grid kernel).
+
+    Host only: reads ``TRITON_INTERPRET`` / ``MOERUN_TRITON_ALIGN_GRID`` and caches the device's
+    SM count (a properties query); no device work, no sync."""
     if num_pairs <= SINGLE_MAX_PAIRS or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return 1
     if os.environ.get("MOERUN_TRITON_ALIGN_GRID", "1") == "0":  # escape hatch: single kernel

@@ -75,6 +75,8 @@ def moe_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_slots: int,
             for the pairs not skipped only), e.g. rows in aligned order.
 
     Returns: ``[M, H]`` y.dtype.
+
+    Side effects: one launch on the current stream; no host sync; capturable.
     """
     m, k = topk_ids.shape
     p, h = y.shape

@@ -66,20 +66,22 @@ SMEM_LIMIT = 200 * 1024
 
 
 def bucket_of(num_tokens: int) -> int:
-    """The T bucket of ``num_tokens`` (host int): next power of two, capped at the last."""
+    """The T bucket of ``num_tokens`` (host int): next power of two, capped at the last.
+
+    Pure; host only."""
     b = 1 << max(0, int(num_tokens) - 1).bit_length()
     return min(b, T_BUCKETS[-1])
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
-    """``torch.bfloat16`` / ``"bfloat16"`` -> ``"bfloat16"``."""
+    """``torch.bfloat16`` / ``"bfloat16"`` -> ``"bfloat16"``. Pure; host only."""
     return dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
 
 
 def config_file_name(num_slots: int, inter: int, hidden: int, dtype: torch.dtype | str,
                      device_name: str) -> str:
     """``S{S}_N{I}_K{H}_{dtype}_{device}.json`` (letters, digits and ``_`` only): ``S`` the
-    local slot count the kernels run, ``dtype`` e.g. ``bfloat16``."""
+    local slot count the kernels run, ``dtype`` e.g. ``bfloat16``. Pure; host only."""
     dev = "".join(c if c.isalnum() else "_" for c in device_name)
     return f"S{num_slots}_N{inter}_K{hidden}_{dtype_name(dtype)}_{dev}.json"
 
@@ -152,7 +154,7 @@ def fp8_intermediate(block_m: int, gate_up: GateUpConfig) -> bool:
     :data:`FP8_PREQUANT_BLOCK_M` rows on, when the gate/up epilogue writes it so
     (``gate_up.block_n == FP8_GROUP``: one tile is exactly one scale group of each row) or a
     ``paired`` tile's intermediate is quantized by its own launch. Otherwise the intermediate
-    is in the activation dtype and the down kernel quantizes it in registers."""
+    is in the activation dtype and the down kernel quantizes it in registers. Pure; host only."""
     return block_m >= FP8_PREQUANT_BLOCK_M and (gate_up.paired or gate_up.block_n == FP8_GROUP)
 
 
@@ -194,6 +196,8 @@ def fit_to_dtype(cfg: ExpertsConfig, dtype: torch.dtype) -> ExpertsConfig:
     """Shrink a (bf16-tuned) config until its pipelines fit shared memory for ``dtype``.
 
     fp32 tiles take twice the bytes: lower ``num_stages`` (to 2), then ``block_k`` (to 32).
+
+    Pure; host only.
     """
     if dtype == torch.float8_e4m3fn:  # fp8 tiles are sized by registers (fp8_default_config)
         return cfg
@@ -219,7 +223,9 @@ def fit_to_dtype(cfg: ExpertsConfig, dtype: torch.dtype) -> ExpertsConfig:
 
 
 def load_config_file(path: Path) -> tuple[dict, dict[int, ExpertsConfig]]:
-    """``(meta, {T bucket: config})`` from one JSON file (format: see ``tune.py``)."""
+    """``(meta, {T bucket: config})`` from one JSON file (format: see ``tune.py``).
+
+    Host only; reads ``path``."""
     data = json.loads(Path(path).read_text())
     entries = {int(t): ExpertsConfig.from_json(e["config"]) for t, e in data["entries"].items()}
     return data.get("meta", {}), entries
@@ -249,7 +255,9 @@ class ConfigChoice:
         return self.source.startswith("tuned")
 
     def describe(self) -> str:
-        """``source`` plus the entry or the reason, e.g. ``tuned (f.json), entry T=16``."""
+        """``source`` plus the entry or the reason, e.g. ``tuned (f.json), entry T=16``.
+
+        Pure; host only."""
         if self.entry_bucket is not None:
             return f"{self.source}, entry T={self.entry_bucket}"
         return f"{self.source} ({self.detail})" if self.detail else self.source
@@ -354,7 +362,10 @@ class ConfigTable:
     def report_lines(self, num_slots: int, inter: int, hidden: int, top_k: int,
                      dtype: torch.dtype) -> tuple[str, ...]:
         """The choice of every T bucket for one local shape, consecutive buckets with the
-        same source merged: a head line naming the key, then ``T a-b: <source>`` lines."""
+        same source merged: a head line naming the key, then ``T a-b: <source>`` lines.
+
+        Host only, no device sync: :meth:`lookup` per bucket (may read and cache the shape's
+        config file, logs a heuristic fallback once)."""
         choices = [self.lookup(num_slots, inter, hidden, b, top_k, dtype) for b in T_BUCKETS]
         head = (f"S_local={num_slots} N=I={inter} K=H={hidden} {dtype_name(dtype)} on "
                 f"{self.device_name or '?'}:")

@@ -221,7 +221,9 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul_torch(h: torch.Tensor) -> torch.Tensor:
-    """Torch twin of :func:`silu_mul` (the torch form's two ops)."""
+    """Torch twin of :func:`silu_mul` (the torch form's two ops).
+
+    Allocates the output; no host sync; current stream; capturable."""
     gate, up = h.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate).mul_(up)
 

@@ -36,6 +36,11 @@ def _alt(cfg):
 
 
 def main(argv=None) -> int:
+    """Entry point of ``devbench``: times the Triton backend and its stages on every bench cell;
+    returns 0.
+
+    Side effects: prints to stdout, writes ``<--out>/devbench.json``, allocates and times work on
+    CUDA device 0 with host syncs (``torch.unique(...).numel()``, timers); not capturable."""
     p = argparse.ArgumentParser(prog="devbench", description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=None, help="bench shapes (default: the bench's GPU "
                    "matrix)")

@@ -16,7 +16,10 @@ def store_down_rows(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, offs_m, offs
     ``offs_m``, columns ``offs_n``): row ``r`` times its pair's routing weight, then either
     added (fp32, relaxed atomics) into row ``pair(r) // TOP_K`` of the ``[M, H]``
     accumulator (``ATOMIC``) or stored as row ``pair(r)`` of ``y [M*K, H]`` in out's dtype.
-    Padding rows and columns past ``hidden`` are left alone."""
+    Padding rows and columns past ``hidden`` are left alone.
+
+    Device code (inlined into its caller's kernel); side effect: writes ``out_ptr`` (relaxed
+    atomics with ``ATOMIC``)."""
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs
     w = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)

@@ -14,7 +14,7 @@ __all__ = ["check_groups_fp8", "check_w13_fp8", "check_w2_fp8"]
 
 
 def check_groups_fp8(name: str, size: int) -> None:
-    """``size`` (the argument ``name``) is a multiple of the 128-column group."""
+    """``size`` (the argument ``name``) is a multiple of the 128-column group. Pure; host only."""
     if size % GROUP:
         raise ValueError(f"{name}={size} must be a multiple of {GROUP} for the fp8 kernels")
 

@@ -218,7 +218,9 @@ def gate_up_carry_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_
                          GROUP_M: gl.constexpr, MID: gl.constexpr):
     """Per (block, 128 intermediate columns): e4m3 ``[R, I]`` and fp32 ``[R, I/128]`` scales
     out (``c_desc`` block ``[64, 128]``; ``b_desc`` block ``[128, 128]`` of ``w13`` viewed
-    ``[S*2I, H]``). Grid: one program per SM."""
+    ``[S*2I, H]``). Grid: one program per SM.
+
+    Gluon kernel; launched by ``fp8_ws.run_experts_fp8_ws`` on the current stream."""
     BN: gl.constexpr = 128
     a_bufs, b_bufs, ready, empty = stage_ring(a_desc, b_desc, STAGES, 2 * BN)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, 64, BN], c_desc.layout)
@@ -247,7 +249,9 @@ def down_carry_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr
                       SPLIT: gl.constexpr):
     """Per (block, 256 hidden columns): ``y [R, H]`` rows in aligned order (``c_desc`` block
     ``[64, 128]`` with ``SPLIT``, else ``[64, 256]``; ``b_desc`` block ``[256, 128]`` of
-    ``w2`` viewed ``[S*H, I]``). Grid: one program per SM."""
+    ``w2`` viewed ``[S*H, I]``). Grid: one program per SM.
+
+    Gluon kernel; launched by ``fp8_ws.run_experts_fp8_ws`` on the current stream."""
     BN: gl.constexpr = 256
     CN: gl.constexpr = 128 if SPLIT else 256
     a_bufs, b_bufs, ready, empty = stage_ring(a_desc, b_desc, STAGES, BN)

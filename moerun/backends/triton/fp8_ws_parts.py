@@ -30,7 +30,10 @@ def stage_ring(a_desc, b_desc, STAGES: gl.constexpr, B_ROWS: gl.constexpr):
     """The ring the loader and the two consumers share: per stage the block's two 64-row A
     halves and ``B_ROWS`` weight rows (K 128 each), and the ``ready`` (one TMA arrival) and
     ``empty`` (one release per consumer) mbarriers, initialised. Shared memory; returns
-    ``(a_bufs, b_bufs, ready, empty)``."""
+    ``(a_bufs, b_bufs, ready, empty)``.
+
+    Device code (inlined into its caller's kernel); side effects: allocates shared memory,
+    initialises the mbarriers."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, 64, 128], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, B_ROWS, 128], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -44,7 +47,9 @@ def stage_ring(a_desc, b_desc, STAGES: gl.constexpr, B_ROWS: gl.constexpr):
 @gluon.jit
 def tile_of(t, grid_m, grid_n, GROUP_M: gl.constexpr):
     """Persistent tile ``t`` -> ``(pid_m, pid_n)``: ``GROUP_M`` blocks share each run over
-    the N tiles, so their programs read the same weight tiles close in time (L2)."""
+    the N tiles, so their programs read the same weight tiles close in time (L2).
+
+    Device code (inlined into its caller's kernel); pure."""
     width = GROUP_M * grid_n
     gid = t // width
     size = gl.minimum(grid_m - gid * GROUP_M, GROUP_M)
@@ -59,7 +64,10 @@ def loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr, expert_
     """TMA producer: per tile one run over K, each K step the block's two A halves (the
     second only when it holds a pair) and the tile's weight rows (gate/up: BN gate rows and
     the BN up rows ``up_offset`` further; down: BN rows). Shared by the 128-column kernels
-    here and the 256-column ones of ``fp8_ws_carry.py``."""
+    here and the 256-column ones of ``fp8_ws_carry.py``.
+
+    Device code (a warp-specialized partition of its caller's kernel); side effects: TMA copies
+    into shared memory, mbarrier waits and arrivals."""
     BMC: gl.constexpr = 128
     HALFC: gl.constexpr = 64
     A_BYTES: gl.constexpr = a_desc.block_type.nbytes
@@ -97,7 +105,9 @@ def loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr, expert_
 
 @gluon.jit
 def skip_steps(ready, empty, c, steps, STAGES: gl.constexpr):
-    """A consumer whose 64 rows are all padding: release ``steps`` stages unread."""
+    """A consumer whose 64 rows are all padding: release ``steps`` stages unread.
+
+    Device code (inlined into its caller's kernel); side effects: mbarrier waits and arrivals."""
     for _ in range(steps):
         s = c % STAGES
         mbarrier.wait(ready.index(s), (c // STAGES) & 1)
@@ -127,5 +137,7 @@ def tma_desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
 
 @functools.cache
 def sm_count(index: int) -> int:
-    """SMs of CUDA device ``index`` (the persistent grid), cached."""
+    """SMs of CUDA device ``index`` (the persistent grid), cached.
+
+    Host only: a device-properties query, no device work, no sync."""
     return torch.cuda.get_device_properties(index).multi_processor_count

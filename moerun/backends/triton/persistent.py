@@ -86,7 +86,10 @@ _NUM_SMS: dict = {}
 def persistent_programs(max_tiles: int, device: torch.device, programs: int = 0) -> int:
     """Programs of one persistent launch: ``programs`` if given (tests force a tiny count),
     else the device's SM count (4 under the interpreter, where programs run one after
-    another); never more than ``max_tiles``, the static tile bound."""
+    another); never more than ``max_tiles``, the static tile bound.
+
+    Host only: reads ``TRITON_INTERPRET`` and caches the device's SM count (a properties query);
+    no device work, no sync."""
     if programs <= 0:
         if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
             programs = 4

@@ -59,7 +59,10 @@ def precompile(items, workers: int | None = None, activation_dtype=None) -> list
     spawned processes (each distinct (S, H, I, K, dtype, config) once); a dtype
     ``float8_e4m3fn`` compiles the fp8 block-scaled kernels with ``activation_dtype`` rows
     (default bf16). Returns the workers' status lines (``ok ...`` or ``FAIL <config>:
-    <error>``). Default workers: CPU cores - 2."""
+    <error>``). Default workers: CPU cores - 2.
+
+    Side effects: spawns worker processes, each launching the configs' kernels on CUDA (so
+    compiling them into Triton's on-disk cache); this process does no device work."""
     import concurrent.futures as cf
     import multiprocessing as mp
 

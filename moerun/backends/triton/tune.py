@@ -108,7 +108,7 @@ def _routings_for(tokens: int) -> int:
 
 
 def build_parser(prog: str = "moerun tune") -> argparse.ArgumentParser:
-    """The flags of ``moerun tune`` (every help names its default)."""
+    """The flags of ``moerun tune`` (every help names its default). Pure; host only."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=None,
                    help="comma list of bench shapes to tune: mixtral8x7b, qwen3-30b-a3b, "
@@ -177,7 +177,12 @@ def _print_plan(points, out_dir: Path, out) -> None:
 
 def main(argv=None, prog: str = "moerun tune") -> int:
     """Entry point of ``moerun tune``; returns the exit status (0 ok, 2 usage error or no
-    GPU for a real run)."""
+    GPU for a real run).
+
+    Side effects: prints to stdout/stderr; a real run sets
+    ``torch.backends.cuda.matmul.allow_tf32 = False`` (not restored), times kernels on CUDA
+    device 0 (host syncs) and, unless ``--dry-run``, writes config JSON files under
+    ``--out-dir``."""
     args = build_parser(prog).parse_args(argv)
 
     import torch
@@ -408,7 +413,10 @@ def write_winners(winners: dict[str, dict], points, out_dir: Path, *, dtype, dev
                   command: str, out=None, activation_dtype=None) -> list[Path]:
     """Merge ``winners`` (from :func:`run_points`) into their files under ``out_dir`` (other
     entries kept; ``dtype`` ``float8_e4m3fn`` for the fp8 kernels' files, whose meta also
-    names ``activation_dtype``); returns the paths written."""
+    names ``activation_dtype``); returns the paths written.
+
+    Host only: creates ``out_dir``, writes the JSON files and prints one line per file to ``out``
+    (default stdout)."""
     import torch
 
     from moerun.backends.triton.tune_plan import merge_entries, read_config_data

@@ -37,7 +37,9 @@ def make_weights_for(shape: BenchShape, dtype: torch.dtype, activation_dtype: to
                      device: torch.device):
     """One shape's weights: :func:`moerun.bench.inputs.make_weights` in ``dtype``, or for
     ``dtype`` ``float8_e4m3fn`` :func:`~moerun.bench.inputs.make_fp8_weights` (random
-    ``activation_dtype`` weights, block-quantized)."""
+    ``activation_dtype`` weights, block-quantized).
+
+    Allocates and fills the weights on ``device`` (current stream); no host sync."""
     from moerun.bench.inputs import make_fp8_weights, make_weights
 
     if dtype == torch.float8_e4m3fn:
@@ -54,7 +56,7 @@ class FloatCalls:
         self._aligns: dict[int, list] = {}
 
     def floor(self, experts_hit: float, ceilings: Ceilings, fp8_rate: float | None) -> Floor:
-        """``moerun.bench``'s floor of the point (``fp8_rate`` unused)."""
+        """``moerun.bench``'s floor of the point (``fp8_rate`` unused). Pure; host only."""
         elt = torch.empty((), dtype=self.dtype).element_size()
         return floor_for(self.shape, len(self.cases[0].x), experts_hit, elt, ceilings)
 
@@ -67,7 +69,10 @@ class FloatCalls:
         return self._aligns[block_m]
 
     def gate_up_fns(self, block_m: int, cfg) -> list[Fn]:
-        """The gate/up kernel alone with tile ``cfg`` on ``block_m``'s alignments."""
+        """The gate/up kernel alone with tile ``cfg`` on ``block_m``'s alignments.
+
+        The first call per ``block_m`` aligns every case (launches on the current stream,
+        cached); each returned closure launches on the current stream. No host sync."""
         from moerun.backends.triton.gate_up import gate_up
 
         w13, k = self.weights.w13, self.shape.top_k
@@ -75,7 +80,10 @@ class FloatCalls:
                 for c, a in zip(self.cases, self._aligned(block_m))]
 
     def whole_fns(self, bucket: int, cfg) -> list[Fn]:
-        """``run_experts`` with ``cfg`` as the bucket's config."""
+        """``run_experts`` with ``cfg`` as the bucket's config.
+
+        Host only: builds closures; each launches ``run_experts`` on the current stream, no host
+        sync."""
         from moerun.backends.triton.configs import ConfigTable
         from moerun.backends.triton.experts import TritonExperts
 
@@ -104,7 +112,7 @@ class Fp8Calls(FloatCalls):
 
     def floor(self, experts_hit: float, ceilings: Ceilings, fp8_rate: float | None) -> Floor:
         """``moerun.bench.fp8``'s fp8 floor: the fp8 GEMM rate ``fp8_rate`` (measured in the
-        same run) and ``ceilings.bandwidth``."""
+        same run) and ``ceilings.bandwidth``. Pure; host only."""
         from moerun.bench.fp8 import fp8_floor
 
         if fp8_rate is None:
@@ -115,7 +123,10 @@ class Fp8Calls(FloatCalls):
         """``gate_up_fp8`` alone on the quantized rows, writing the intermediate in the form
         the whole call would (``fp8_intermediate`` of ``block_m`` and ``cfg``): a ``paired``
         tile's stage is its kernel and the intermediate's quantization launch, as in
-        ``fp8.run_experts_fp8``."""
+        ``fp8.run_experts_fp8``.
+
+        The first call per ``block_m`` aligns every case (launches on the current stream,
+        cached); each returned closure launches on the current stream. No host sync."""
         from moerun.backends.triton.configs import fp8_intermediate
         from moerun.backends.triton.fp8 import gate_up_fp8, quantize_rows_fp8
 
@@ -134,7 +145,10 @@ class Fp8Calls(FloatCalls):
     def whole_fns(self, bucket: int, cfg) -> list[Fn]:
         """The layer's call with ``cfg`` as the bucket's fp8 config
         (:func:`moerun.bench.fp8.layer_fp8_call`, the call ``moerun bench --dtype fp8``
-        times)."""
+        times).
+
+        Host only: builds closures; each launches the layer's fp8 call on the current stream, no
+        host sync."""
         from moerun.backends.triton.configs import ConfigTable
         from moerun.backends.triton.experts import TritonExperts
         from moerun.bench.fp8 import layer_fp8_call

@@ -29,6 +29,9 @@ class TunedEntry:
     floor_us: float | None = None
 
     def to_json(self, date: str) -> dict:
+        """The entry's JSON object for a config file (config, µs, timing mode, T, ``date``, floor).
+
+        Pure; host only."""
         d = {"config": self.config.to_json(), "us": round(self.us, 2), "timing": self.timing,
              "T": self.tokens, "date": date}
         if self.floor_us is not None:
@@ -38,7 +41,9 @@ class TunedEntry:
 
 
 def read_config_data(path: Path) -> dict:
-    """A config file's JSON (``{"meta": {}, "entries": {}}`` when it does not exist)."""
+    """A config file's JSON (``{"meta": {}, "entries": {}}`` when it does not exist).
+
+    Host only; reads ``path``."""
     path = Path(path)
     if path.exists():
         return json.loads(path.read_text())
@@ -55,7 +60,7 @@ def merge_entries(data: dict, *, shape: BenchShape, dtype: torch.dtype | str,
     dtype the kernels were timed with) with a history of the last 20 runs. A file written
     before histories were kept (no ``history``, e.g. the fp8 sweep's) starts its history with
     its old writer, so the provenance of the entries kept stays in the file. Returns a new
-    dict; ``data`` is not changed."""
+    dict; ``data`` is not changed. Pure; host only."""
     entries = dict(data.get("entries", {}))
     old = data.get("meta", {})
     hist = list(old.get("history", []))

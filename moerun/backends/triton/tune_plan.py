@@ -128,6 +128,8 @@ def candidates(num_slots: int, top_k: int, hidden: int, inter: int, tokens: int,
     Decode-like points (<= 32 rows per hit expert) get narrow, deep-pipelined tiles and
     split-K/atomic down candidates; prefill points get 64/128-row wgmma-sized tiles and both
     combines. Tiles over the shared-memory limit for ``elt``-byte elements are dropped.
+
+    Pure; host only.
     """
     G, D = GateUpConfig, DownConfig
     big_i, big_h = inter, hidden
@@ -205,7 +207,7 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
     and the 3- and 4-stage pairs with the down tile loop flattened (``flatten``: Triton
     pipelines the next tile's first loads into this tile's tail; 3-7 % faster at the short
     down K of qwen3-235b, qwen3-30b and the EP-local T=2048/8192 cells, 1-2 % slower at
-    mixtral's long K, same run on the H200, 2026-12-05: docs/DECISIONS.md)."""
+    mixtral's long K, same run on the H200, 2026-12-05: docs/DECISIONS.md). Pure; host only."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
     if elt != 2 or pairs / hit <= 160:
@@ -263,7 +265,7 @@ def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int,
     tile, and the promoted 64-column gate/up tile (the intermediate quantized after) with
     either down; 8 configs (the 256-column downs become 128 where ``hidden % 256``, then
     duplicates go). The winners of the same-run A/B of 2026-12-05 are among them. Off sm90
-    they time the grouped kernels with the same tiles (the fallback)."""
+    they time the grouped kernels with the same tiles (the fallback). Pure; host only."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
     if pairs / hit < FP8_WS_MIN_TPE:
@@ -290,7 +292,7 @@ def fp8_direct_candidates(tokens: int) -> list[ExpertsConfig]:
     """The fp8 direct decode configs (``fp8_direct.py``) a point of at most
     :data:`DIRECT_MAX_TOKENS` rows times as whole calls: gate/up tiles of 32-128 columns by
     the per-token down (``"reduce"``: 16-64 columns) and the per-pair down (``"atomic"``:
-    64-128 columns); ``block_k`` is the 128-column group; 4 warps; 15 configs."""
+    64-128 columns); ``block_k`` is the 128-column group; 4 warps; 15 configs. Pure; host only."""
     if tokens > DIRECT_MAX_TOKENS:
         return []
     G, D = GateUpConfig, DownConfig
@@ -325,7 +327,9 @@ def _within(out: list[tuple], cap: int) -> list[CandidateSet]:
 
 
 def check_fp8_shape(shape: BenchShape) -> None:
-    """ValueError unless ``shape``'s H and I are multiples of the fp8 scale group (128)."""
+    """ValueError unless ``shape``'s H and I are multiples of the fp8 scale group (128).
+
+    Pure; host only."""
     if shape.hidden % FP8_GROUP or shape.intermediate % FP8_GROUP:
         raise ValueError(f"--shapes {shape.name}: H={shape.hidden} and I={shape.intermediate} "
                          f"must be multiples of {FP8_GROUP} for the fp8 kernels (--dtype fp8)")
@@ -353,6 +357,8 @@ def fp8_candidates(num_slots: int, top_k: int, hidden: int, inter: int,
       their own set; at ``tpe >= FP8_WIDE_GROUP_TPE`` (the T=8192 cells) the paired tiles
       256 x 8 warps x 3 stages and 128 x 4 x 4, and the downs 256 x 8 and 128 x 4, also with
       ``group_m`` 16.
+
+    Pure; host only.
     """
     G, D = GateUpConfig, DownConfig
     pairs = tokens * top_k
@@ -399,7 +405,7 @@ def fp8_candidates(num_slots: int, top_k: int, hidden: int, inter: int,
 
 def point_mode(shape: BenchShape, tokens: int, graph_max_tokens: int) -> str:
     """The serving regime ``moerun bench`` times the cell in: ``"graph"`` for
-    ``T <= graph_max_tokens`` unless the shape is eager-only, else ``"eager"``."""
+    ``T <= graph_max_tokens`` unless the shape is eager-only, else ``"eager"``. Pure; host only."""
     return "eager" if shape.eager_only or tokens > graph_max_tokens else "graph"
 
 
@@ -410,7 +416,9 @@ def plan_points(shapes: list[BenchShape], tokens: list[int] | None, dtype: torch
     ``dtype`` :data:`FP8` plans the fp8 block-scaled kernels (:func:`fp8_candidates`, the
     fp8 heuristic as the default incumbent, ``..._float8_e4m3fn_<device>.json`` files; a
     shape whose H or I is not a multiple of 128 is a ValueError). Incumbents come from
-    ``config_dir``'s file of the local shape (read only)."""
+    ``config_dir``'s file of the local shape (read only).
+
+    Host only; reads the config files of ``config_dir``."""
     fp8 = dtype == FP8
     elt = torch.empty((), dtype=dtype).element_size()
     heuristic = fp8_default_config if fp8 else default_config
@@ -453,7 +461,7 @@ def compile_configs(point: TunePoint) -> list[ExpertsConfig]:
     """Every whole config a point may launch: the incumbent, each gate/up tile with the set's
     first down tile, each down tile with the first gate/up tile (the timed winner combines a
     timed gate/up and down tile; both were compiled through these), and the persistent
-    and direct configs."""
+    and direct configs. Pure; host only."""
     out = [point.incumbent, *point.persistent, *point.direct]
     for cs in point.candidate_sets:
         first = cs.downs[0]
