@@ -154,7 +154,9 @@ class SlotPartition:
     def owner_of(self, slots: torch.Tensor) -> torch.Tensor:
         """Rank owning each slot id (same shape, int64). ``-1`` ids map to ``-1``.
 
-        Device-only (searchsorted), no host sync, graph-safe.
+        No device-to-host sync; but the rank bounds are copied host-to-device on each call
+        (``torch.tensor`` of a list), so it is not capturable (its caller, ``AllToAll``, is
+        not either).
         """
         bounds = torch.tensor(self.starts[1:-1], device=slots.device, dtype=torch.int64)
         owner = torch.searchsorted(bounds, slots.to(torch.int64), right=True)
