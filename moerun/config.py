@@ -46,7 +46,10 @@ class MoEConfig:
         shared_intermediate_size: total intermediate size of the shared expert(s); 0 = none.
         shared_expert_gate: the shared expert output is scaled by ``sigmoid(x @ g)`` (Qwen2-MoE).
         max_num_tokens: rows per chunk (DESIGN 2); ``None`` = one chunk.
-        check_inputs: validate inputs (agreed across ranks, DESIGN 9). Default on.
+        check_inputs: validate inputs (agreed across ranks, DESIGN 9). ``None`` (default):
+            on for a CPU layer, off for a CUDA one, where its NaN/Inf scan and the agreed
+            gather would be a host sync per forward (DESIGN 9: on for CPU and tests); the
+            layer resolves it at build (``layer.config.check_inputs`` is then a bool).
         quant: :class:`moerun.QuantConfig` for FP8 block-scaled routed experts (DESIGN 11a),
             ``None`` = unquantized. ``dtype`` stays the activation dtype (the layer's input
             and output); the routed weights are e4m3 with fp32 per-block scales, H and I
@@ -65,7 +68,7 @@ class MoEConfig:
     shared_intermediate_size: int = 0
     shared_expert_gate: bool = False
     max_num_tokens: int | None = None
-    check_inputs: bool = True
+    check_inputs: bool | None = None
     quant: QuantConfig | None = None
 
     def __post_init__(self) -> None:
@@ -102,6 +105,9 @@ class MoEConfig:
         v = self.max_num_tokens
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise _err("max_num_tokens", v, "must be an int >= 1 or None")
+        if self.check_inputs is not None and not isinstance(self.check_inputs, bool):
+            raise _err("check_inputs", self.check_inputs,
+                       "must be True, False or None (on for a CPU layer, off for CUDA)")
         if self.apply_router_weight_on_input and self.top_k != 1:
             raise _err(
                 "apply_router_weight_on_input",

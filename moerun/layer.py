@@ -120,6 +120,8 @@ class ConfigurableMoE(nn.Module):
             device = torch.device("cuda", torch.cuda.current_device()) \
                 if torch.cuda.is_available() else torch.device("cpu")
         self.device = torch.device(device)
+        if config.check_inputs is None:  # DESIGN 9: on for CPU; off on CUDA (a sync per forward)
+            config = config.replace(check_inputs=self.device.type != "cuda")
         self.config = config
         self.mapping = mapping
         self.layer_idx = layer_idx

@@ -731,3 +731,19 @@ def test_rel_err_refuses_mismatched_shapes_and_exports_step_mismatch():
         rel_err(torch.ones(2, 3), torch.ones(3, 2))
     assert rel_err(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 2.0])) == pytest.approx(0.2 ** 0.5)
     assert moerun.LayerStepMismatch is LayerStepMismatch
+
+
+def test_check_inputs_default_resolves_on_for_a_cpu_layer():
+    """DESIGN 9: ``check_inputs=None`` (the default) is on for a CPU layer (off on CUDA:
+    tests/test_layer_gpu.py), and anything but True/False/None is refused by name."""
+    from moerun import ConfigurableMoE, MoEConfig
+
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=8, intermediate_size=8)
+    assert cfg.check_inputs is None
+    assert ConfigurableMoE(cfg, device="cpu").config.check_inputs is True
+    assert ConfigurableMoE(cfg.replace(check_inputs=False),
+                           device="cpu").config.check_inputs is False
+    with pytest.raises(ValueError, match=r"MoEConfig.check_inputs='yes' is invalid: must be "
+                                         r"True, False or None"):
+        MoEConfig(num_experts=4, top_k=2, hidden_size=8, intermediate_size=8,
+                  check_inputs="yes")

@@ -83,12 +83,11 @@ def _capture(fn):
 
 @pytest.mark.parametrize("max_num_tokens,shared,overlap", [
     (None, 0, True), (None, 96, True), (24, 96, True), (24, 0, False)])
-def test_forward_captures_with_default_checks_and_replay_equals_eager(
+def test_forward_captures_with_checks_on_and_replay_equals_eager(
         max_num_tokens, shared, overlap):
     cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=256, intermediate_size=128,
                     routing=_DSV3_LIKE, shared_intermediate_size=shared,
-                    max_num_tokens=max_num_tokens, dtype=torch.bfloat16)  # check_inputs=True
-    assert cfg.check_inputs
+                    max_num_tokens=max_num_tokens, dtype=torch.bfloat16, check_inputs=True)
     t = 64
     case = make_case(cfg, 3 * t, 5)
     layer = _layer(cfg, case, chunk_overlap=overlap)
@@ -169,6 +168,24 @@ def test_cached_launches_equal_jit_launches():
 
 
 # ------------------------------------------------------------------ check_inputs on one rank
+def test_check_inputs_defaults_off_on_cuda():
+    """DESIGN 9: the default (None) resolves off for a CUDA layer -- its NaN/Inf scan would
+    sync the host every forward -- so non-finite logits are not scanned for; True scans."""
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=256, intermediate_size=128,
+                    routing=_DSV3_LIKE, dtype=torch.bfloat16)
+    assert cfg.check_inputs is None
+    case = make_case(cfg, 8, 12)
+    layer = _layer(cfg, case)
+    assert layer.config.check_inputs is False
+    bad = case.logits.cuda().clone()
+    bad[2, 3] = float("nan")
+    layer(case.x.cuda(), bad)  # not scanned: no error
+    torch.cuda.synchronize()
+    checked = _layer(cfg.replace(check_inputs=True), case)
+    with pytest.raises(ValueError, match=r"router_logits contains non-finite values"):
+        checked(case.x.cuda(), bad)
+
+
 @pytest.mark.parametrize("t,shared,max_num_tokens", [
     (1, 0, None), (1, 96, None), (300, 96, None),   # the one-rank straight path
     (300, 96, 128),                                  # chunked: the general path
@@ -176,7 +193,7 @@ def test_cached_launches_equal_jit_launches():
 def test_nonfinite_logits_raise_and_leave_the_layer_usable(t, shared, max_num_tokens):
     cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=256, intermediate_size=128,
                     routing=_DSV3_LIKE, shared_intermediate_size=shared,
-                    max_num_tokens=max_num_tokens, dtype=torch.bfloat16)  # check_inputs=True
+                    max_num_tokens=max_num_tokens, dtype=torch.bfloat16, check_inputs=True)
     case = make_case(cfg, t, 11)
     layer = _layer(cfg, case)
     x, logits = case.x.cuda(), case.logits.cuda()
