@@ -27,7 +27,8 @@ tail -1 $OUT/outputs.txt
 
 # 3. the bench cells, old and new trees alternating (the bf16 column is the drift control)
 for round in 1 2 3; do
-  if [ $round = 3 ] && [ $SECONDS -gt 400 ]; then echo "round 3 skipped at ${SECONDS}s"; break; fi
+  if [ $round = 3 ] && [ $SECONDS -gt ${ROUND3_BEFORE_S:-400} ]; then
+    echo "round 3 skipped at ${SECONDS}s"; break; fi
   trees="old new"; [ $round = 2 ] && trees="new old"  # alternate which tree runs first
   for tree in $trees; do
     [ $tree = old ] && P=$ROOT || P=/tmp/new
