@@ -118,14 +118,32 @@ def _config(args: argparse.Namespace):
     fp8 = getattr(args, "quant", "none") == "fp8"
     hidden = args.hidden if args.hidden is not None else (128 if fp8 else 64)
     inter = args.intermediate if args.intermediate is not None else (128 if fp8 else 96)
-    return MoEConfig(
-        num_experts=args.experts, top_k=args.top_k, hidden_size=hidden,
-        intermediate_size=inter, quant=QuantConfig() if fp8 else None,
-        routing=RoutingConfig(method=RoutingMethod.NOAUX_TC, renormalize=True,
-                              num_expert_group=args.groups, topk_group=args.topk_groups,
-                              routed_scaling_factor=2.5),
-        dtype=getattr(torch, args.dtype), shared_intermediate_size=args.shared_intermediate,
-        max_num_tokens=args.max_num_tokens)
+    try:
+        return MoEConfig(
+            num_experts=args.experts, top_k=args.top_k, hidden_size=hidden,
+            intermediate_size=inter, quant=QuantConfig() if fp8 else None,
+            routing=RoutingConfig(method=RoutingMethod.NOAUX_TC, renormalize=True,
+                                  num_expert_group=args.groups, topk_group=args.topk_groups,
+                                  routed_scaling_factor=2.5),
+            dtype=getattr(torch, args.dtype),
+            shared_intermediate_size=args.shared_intermediate,
+            max_num_tokens=args.max_num_tokens)
+    except ValueError as exc:  # name the flag the user typed, not the config field
+        message = str(exc)
+        for field, flag in _CONFIG_FLAGS:
+            message = message.replace(field + "=", flag + "=")
+        raise ValueError(message) from None
+
+
+#: Config fields as ``moerun run`` spells them (its errors name the flag).
+_CONFIG_FLAGS = (
+    ("MoEConfig.num_experts", "--experts"), ("MoEConfig.top_k", "--top-k"),
+    ("MoEConfig.hidden_size", "--hidden"), ("MoEConfig.intermediate_size", "--intermediate"),
+    ("MoEConfig.shared_intermediate_size", "--shared-intermediate"),
+    ("MoEConfig.max_num_tokens", "--max-num-tokens"),
+    ("RoutingConfig.num_expert_group", "--groups"), ("RoutingConfig.topk_group", "--topk-groups"),
+    ("num_expert_group", "--groups"), ("num_experts", "--experts"), ("top_k", "--top-k"),
+)
 
 
 def _phase_times(prof: Any) -> dict[str, float]:

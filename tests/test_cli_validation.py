@@ -30,6 +30,20 @@ def _fails(capsys, argv: list[str], prog: str, *words: str) -> str:
 
 
 # -- run / trace ----------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,words", [
+    (["--max-num-tokens", "0"], ["--max-num-tokens=0 is invalid"]),
+    (["--top-k", "0"], ["--top-k=0 is invalid"]),
+    (["--experts", "3"], ["--top-k=6", "<= --experts=3"]),
+    (["--topk-groups", "9"], ["--topk-groups=9", "--groups=4"]),
+    (["--quant", "fp8", "--hidden", "100"], ["--hidden=100", "multiple of 128"]),
+])
+def test_run_config_errors_name_the_flag(capsys, argv, words):
+    """A value the layer's config refuses is reported under the flag that set it (not the
+    MoEConfig field), before any rank runs."""
+    line = _fails(capsys, ["run", "--device", "cpu", *argv], "moerun run", *words)
+    assert "MoEConfig" not in line and "RoutingConfig" not in line
+
+
 @_NO_CUDA
 @pytest.mark.parametrize("argv", [["run", "--device", "cuda"],
                                   ["trace", "--device", "cuda", "--out", "unused-dir"]])
