@@ -30,8 +30,11 @@ TOL_FP8 = 3e-2
 TOL_FP8_UNQUANTIZED = 6e-2
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class GlobalCase:
+    """A seeded global batch and weights (:func:`make_case`); frozen: a variant is
+    ``dataclasses.replace(case, logits=...)``, so a case shared by tests never changes."""
+
     x: torch.Tensor  # [T_total, H] cfg.dtype
     logits: torch.Tensor  # [T_total, E] fp32
     w13: torch.Tensor  # [E, 2I, H]

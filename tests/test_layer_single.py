@@ -11,6 +11,7 @@ finite.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -168,7 +169,7 @@ def test_low_precision_logits_accepted():
     # router_logits may be x.dtype instead of fp32 (DESIGN 2).
     cfg = _cfg(dtype=torch.bfloat16)
     case = make_case(cfg, 7, seed=5)
-    case.logits = case.logits.to(torch.bfloat16)
+    case = dataclasses.replace(case, logits=case.logits.to(torch.bfloat16))
     with _layer(cfg, case) as layer:
         out = layer(case.x, case.logits)
     _check_vs_reference(cfg, case, out)
@@ -209,7 +210,7 @@ def test_noaux_tc_bias_changes_selection():
     case = make_case(cfg, 9, seed=6)
     outs = []
     for bias in (torch.zeros(8), torch.tensor([5.0] + [0.0] * 7)):
-        case.bias = bias
+        case = dataclasses.replace(case, bias=bias)
         with _layer(cfg, case) as layer:
             outs.append(layer(case.x, case.logits))
         _check_vs_reference(cfg, case, outs[-1])

@@ -9,7 +9,8 @@ LOG=$OUT/log.txt
 
 # 1. check_inputs' CUDA default, forward_async on its stream, the ws kernels (gather result)
 timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_layer_gpu.py \
-    tests/test_forward_async.py tests/test_fp8_ws.py > $OUT/gpu-tests.txt 2>&1
+    tests/test_forward_async.py tests/test_fp8_ws.py tests/test_program_gpu.py \
+    > $OUT/gpu-tests.txt 2>&1
 tail -2 $OUT/gpu-tests.txt
 
 # 2. the fp8 matrix (issue 12): the 20 model cells
