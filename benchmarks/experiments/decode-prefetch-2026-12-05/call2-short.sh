@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# call2.sh cut to what 400 s of device time holds (2026-12-05, 12:20 UTC): the patch, its GPU
+# tests, and the probe (sweep, interleaved A/B, bit-equality, per-kernel times) at qwen3-30b
+# T=1 in bf16 and fp8; no bench rounds (write_winner.py runs on the CPU from probe.json).
+# Files back (3): gpu-tests.txt, probe.json, probe-log.txt.
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+D=benchmarks/experiments/decode-prefetch-2026-12-05
+if ! grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py; then
+  PF=$D/prefetch.diff
+  grep -q "def act_scales" moerun/backends/triton/fp8_tiles.py && PF=$D/prefetch-on-scales.diff
+  python3 benchmarks/experiments/fp8-scales-ahead-2026-12-05/apply_diff.py $PF --root .
+fi
+timeout 80 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_prefetch.py \
+    > $OUT/gpu-tests.txt 2>&1
+tail -2 $OUT/gpu-tests.txt
+timeout $((350 - SECONDS)) python3 $D/prefetch_probe.py --rounds 5 --out $OUT/probe.json \
+    > $OUT/probe-log.txt 2>&1
+echo "probe rc=$?"; grep "^ab" $OUT/probe-log.txt | cut -c1-600
