@@ -14,6 +14,7 @@ fi
 timeout 80 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_prefetch.py \
     > $OUT/gpu-tests.txt 2>&1
 tail -2 $OUT/gpu-tests.txt
-timeout $((350 - SECONDS)) python3 $D/prefetch_probe.py --rounds 5 --out $OUT/probe.json \
+timeout $((${LIMIT_S:-350} - SECONDS)) python3 $D/prefetch_probe.py ${PROBE_ARGS:---rounds 5} \
+    --out $OUT/probe.json \
     > $OUT/probe-log.txt 2>&1
 echo "probe rc=$?"; grep "^ab" $OUT/probe-log.txt | cut -c1-600
