@@ -47,7 +47,8 @@ log = logging.getLogger("moerun")
 
 class DualBatchOverlapScheduler:
     """Runs one layer forward as two interleaved micro-batches when the split rule says so,
-    else as the external-comm forward. Holds no per-forward state (only its config).
+    else as the external-comm forward. Holds no per-forward state (its config, and whether
+    it has logged the capture warning).
 
     Args:
         config: the :class:`~schedulers.dbo_rule.DBOConfig` of the split rule.
