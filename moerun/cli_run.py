@@ -287,10 +287,9 @@ def align_ranks_for_capture(group: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    with _quiet_stderr(), torch.profiler.profile(activities=acts):
+    from traces.capture import default_activities
+
+    with _quiet_stderr(), torch.profiler.profile(activities=default_activities()):
         pass
     dist.barrier(group=group)
 

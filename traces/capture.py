@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["capture", "CaptureResult"]
+__all__ = ["capture", "CaptureResult", "default_activities"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +33,9 @@ class CaptureResult:
     activities: tuple[str, ...]
 
 
-def _default_activities() -> list[Any]:
+def default_activities() -> list[Any]:
+    """What :func:`capture` records when given no ``activities``: CPU, plus CUDA when a GPU
+    is available. Host only."""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -42,7 +44,7 @@ def _default_activities() -> list[Any]:
 
 def _check_activities(activities: Iterable[Any] | None) -> list[Any]:
     if activities is None:
-        return _default_activities()
+        return default_activities()
     kind = torch.profiler.ProfilerActivity
     if isinstance(activities, (str, bytes)) or not hasattr(activities, "__iter__"):
         raise TypeError(f"activities={activities!r} is invalid: pass None or a list of "
