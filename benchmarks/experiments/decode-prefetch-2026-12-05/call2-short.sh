@@ -6,11 +6,7 @@
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 D=benchmarks/experiments/decode-prefetch-2026-12-05
-if ! grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py; then
-  PF=$D/prefetch.diff
-  grep -q "def act_scales" moerun/backends/triton/fp8_tiles.py && PF=$D/prefetch-on-scales.diff
-  python3 benchmarks/experiments/fp8-scales-ahead-2026-12-05/apply_diff.py $PF --root .
-fi
+source $D/apply_patch.sh
 timeout 80 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_prefetch.py \
     > $OUT/gpu-tests.txt 2>&1
 tail -2 $OUT/gpu-tests.txt

@@ -8,17 +8,8 @@ set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 D=benchmarks/experiments/decode-prefetch-2026-12-05
 
-# 0. the prefetch is a patch the submitted tree does not carry: prefetch.diff against the
-#    tree of 2026-12-05 08:50 UTC, prefetch-on-scales.diff against it with
-#    ../fp8-scales-ahead-2026-12-05/scales.diff in the package (the tree has act_scales).
-#    Applied here on the device copy unless it is applied already (git not needed).
-if ! grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py; then
-  PF=$D/prefetch.diff
-  grep -q "def act_scales" moerun/backends/triton/fp8_tiles.py && PF=$D/prefetch-on-scales.diff
-  python3 benchmarks/experiments/fp8-scales-ahead-2026-12-05/apply_diff.py $PF --root .
-fi
-grep -q "prefetch: int = 0" moerun/backends/triton/config_types.py || {
-  echo "prefetch.diff is not applied: apply it in the checkout first"; exit 3; }
+# 0. the patch, applied unless it is already (apply_patch.sh)
+source $D/apply_patch.sh
 
 # 1. the direct path's GPU tests with the patch: the prefetch changes no value; PDL and the
 #    direct path as before
