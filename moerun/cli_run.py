@@ -248,7 +248,8 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
             forward()
         ref = reference_output(cfg, case)[lo:hi]
         res = {"rank": rank, "tokens": counts[rank], "err": rel_err(out.cpu(), ref),
-               "report": str(layer.report), "phases": phases, "wall_us": wall_us}
+               "report": str(layer.report), "phases": phases, "wall_us": wall_us,
+               "dbo": _dbo_line(layer, counts)}
         if cfg.quant is not None:  # the second FP8 bar: the unquantized fp64 layer
             res["err_unquantized"] = rel_err(out.cpu(), unquantized_reference(cfg, case)[lo:hi])
         if trace_dir is not None:
@@ -319,6 +320,18 @@ def write_trace_bundle(forward: Any, layer: Any, out_dir: str, *, tag: str,
               if not (name.startswith("chunk") or name.startswith("dbo") or name == "ub")}
     return {"trace": str(cap.path), "report": txt, "json": js, "png": png, "phases": phases,
             "hidden_shared_pct": rep.hidden_shared_pct, "exposed_comm_us": rep.exposed_comm_us}
+
+
+def _dbo_line(layer: Any, counts: list[int]) -> str | None:
+    """What the DBO scheduler decided for these counts (the decision its forwards took:
+    the same pure rule on the same rank-identical counts), or None for another scheduler.
+    Host only."""
+    from schedulers import DualBatchOverlapScheduler
+
+    if not isinstance(layer.scheduler, DualBatchOverlapScheduler):
+        return None
+    decision = layer.scheduler.decide(layer, tuple(counts))
+    return (f"{'2 micro-batches' if decision.split else 'unsplit'}  ({decision.rule})")
 
 
 def _num_chunks(counts: list[int], max_num_tokens: int | None) -> int:
@@ -417,6 +430,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           + ("  experts: fp8 (e4m3, 128x128 block scales)" if fp8 else ""))
     limit = "one chunk" if cfg.max_num_tokens is None else f"max_num_tokens={cfg.max_num_tokens}"
     print(f"chunks: {_num_chunks(counts, cfg.max_num_tokens)}  ({limit})")
+    if results[0]["dbo"] is not None:
+        print(f"dual-batch overlap: {results[0]['dbo']}")
     worst = 0.0
     worst_unquantized = 0.0
     for res in results:

@@ -43,7 +43,9 @@ def _check_quant(x, w13, w2, quant) -> None:
                                  "float32 (one scale_inv per weight block)")
 
 
-def _check(x, w13, w2, topk_weights, topk_ids, quant=None) -> None:
+def _check(x, w13, w2, topk_weights, topk_ids, quant=None, *, scan_ids: bool) -> None:
+    """Shapes, dtypes, layout and devices (host-only); with ``scan_ids`` also the
+    ``topk_ids`` range (a device->host sync, skipped while a CUDA graph is captured)."""
     if quant is not None:
         _check_quant(x, w13, w2, quant)
         if isinstance(x, QuantizedRows):
@@ -87,7 +89,7 @@ def _check(x, w13, w2, topk_weights, topk_ids, quant=None) -> None:
     if len(devs) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-    if topk_ids.numel() and not capturing:  # skipped under CUDA-graph capture (a sync)
+    if scan_ids and topk_ids.numel() and not capturing:  # skipped under CUDA-graph capture (a sync)
         lo, hi = int(topk_ids.min()), int(topk_ids.max())  # NOTE: device->host sync
         if lo < -1 or hi >= e:
             raise ValueError(f"topk_ids must be in [-1, {e}) (-1 = skip), got range "
@@ -96,7 +98,7 @@ def _check(x, w13, w2, topk_weights, topk_ids, quant=None) -> None:
 
 def fused_experts(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                  backend: str | Backend = "auto", *, check_inputs: bool = True,
+                  backend: str | Backend = "auto", *, check_inputs: bool | None = None,
                   quant: ExpertQuant | None = None) -> torch.Tensor:
     """``out[t] = sum_j w[t, j] * (silu(x W_gate^T) * (x W_up^T)) W_2^T`` over ``topk_ids``.
 
@@ -108,18 +110,28 @@ def fused_experts(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.
         topk_weights: ``[T, K]`` (float, used as fp32). topk_ids: ``[T, K]`` int32/int64 in
             ``[0, E)`` or ``-1`` (skipped).
         backend: ``"auto"``, ``"reference"``, ``"triton"``, ``"grouped_mm"`` or a Backend.
-        check_inputs: validate (includes an id range check: a host sync, skipped while a
-            CUDA graph is being captured, so the call is capturable with the default).
+        check_inputs: ``True``: validate shapes, dtypes, layout and devices (host-only),
+            and the ``topk_ids`` range (a device->host sync, skipped while a CUDA graph is
+            being captured). ``False``: no checks. ``None`` (default): by device, as the
+            layer's ``MoEConfig.check_inputs`` (DESIGN 9): everything on CPU; on CUDA the
+            host-only checks without the range scan, so the default never syncs.
         quant: the FP8 block-scaled path (DESIGN 11a; :class:`~moerun.quant.ExpertQuant`:
             ``w13`` / ``w2`` e4m3 with ``quant.w13_scale [E, 2I/bn, H/bk]`` /
             ``quant.w2_scale [E, H/bn, I/bk]`` fp32); only backends that declare
             ``supports_fp8_block`` run it (``"auto"`` picks one).
 
-    Returns ``[T, H]`` in x.dtype (with ``quant``: ``quant.out_dtype``). Single rank; no collective. The backend for a given
-    choice and shape is resolved once and reused (backends hold no per-call state).
+    Returns ``[T, H]`` in x.dtype (with ``quant``: ``quant.out_dtype``). Single rank; no
+    collective; on the current stream; a host sync only for the id range scan (above), so
+    capturable in a CUDA graph. The backend for a given choice and shape is resolved once
+    and reused (backends hold no per-call state).
     """
-    if check_inputs:
-        _check(x, w13, w2, topk_weights, topk_ids, quant)
+    if check_inputs is not None and not isinstance(check_inputs, bool):
+        raise TypeError(f"check_inputs must be True, False or None (by device), got "
+                        f"{check_inputs!r}")
+    if check_inputs is not False:
+        data = x.data if isinstance(x, QuantizedRows) else x
+        scan = check_inputs or not (isinstance(data, torch.Tensor) and data.is_cuda)
+        _check(x, w13, w2, topk_weights, topk_ids, quant, scan_ids=scan)
     if isinstance(backend, Backend):
         impl = backend
     else:

@@ -49,6 +49,28 @@ def test_run_reports_the_chunk_count():
     assert re.search(r"^chunks: 3  \(max_num_tokens=4\)$", proc.stdout, re.M)
 
 
+@pytest.mark.parametrize("ranks,tokens,split,rule", [
+    ("1", "64", False, r"weight re-read guard: 8\.0 rows per local expert per micro-batch "
+                       r"< 1024"),
+    ("2", "40,24", True, r"max T 40 >= threshold 32, 10\.0 rows per local expert per "
+                         r"micro-batch"),
+])
+def test_run_says_what_dbo_decided(tmp_path, ranks, tokens, split, rule):
+    # the printed decision agrees with what the traced forward did (its dbo/ub ranges)
+    import json
+
+    proc = _run("run", "--scheduler", "dbo", "--ranks", ranks, "--tokens", tokens,
+                "--trace", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    word = "2 micro-batches" if split else "unsplit"
+    assert re.search(rf"^dual-batch overlap: {word}  \({rule}\)$", proc.stdout, re.M), \
+        proc.stdout
+    with open(tmp_path / "report-rank0.json") as f:
+        ubs = {p["ub"] for p in json.load(f)["overlap"]["phases"]}
+    assert ubs == ({0, 1} if split else {None})
+    assert "dual-batch overlap" not in _run("run", "--tokens", "64").stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (("--backend", "triton"), r"^moerun run: backend='triton' cannot run here: interpreter: "
                               r"CPU needs TRITON_INTERPRET=1 set before triton is imported$"),

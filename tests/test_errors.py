@@ -480,6 +480,24 @@ def test_fused_experts_ids_out_of_range(fused_inputs, bad_id, rng):
         fused_experts(**_with(fused_inputs, topk_ids=ids), backend="reference")
 
 
+def test_fused_experts_check_inputs_values(fused_inputs):
+    # None (default) on CPU scans the ids; False skips every check; a non-bool is refused
+    ids = fused_inputs["topk_ids"].clone()
+    ids[0, 0] = E
+    bad = _with(fused_inputs, topk_ids=ids)
+    with pytest.raises(ValueError, match=r"topk_ids must be in \[-1, "):
+        fused_experts(**bad, backend="reference", check_inputs=None)
+    with pytest.raises(TypeError, match=r"check_inputs must be True, False or None \(by "
+                                        r"device\), got 'yes'"):
+        fused_experts(**fused_inputs, backend="reference", check_inputs="yes")
+    wrong_h = _with(fused_inputs, x=fused_inputs["x"][:, :-1].contiguous())
+    with pytest.raises(ValueError, match=rf"w13 must be \[E, 2\*I, H={H - 1}\]"):
+        fused_experts(**wrong_h, backend="reference")
+    with pytest.raises(Exception) as info:  # unchecked: whatever the backend raises
+        fused_experts(**wrong_h, backend="reference", check_inputs=False)
+    assert "w13 must be" not in str(info.value)
+
+
 def test_fused_experts_minus_one_is_skipped(fused_inputs):
     ids = fused_inputs["topk_ids"].clone()
     ids[:, 1] = -1

@@ -142,6 +142,36 @@ def test_fused_experts_captures_with_default_checks():
     assert rel_err(out.cpu(), ref) < TOL[torch.bfloat16]
 
 
+def test_fused_experts_default_checks_make_no_host_sync():
+    # on CUDA the default (None) keeps the host-only checks and drops the id range scan, the
+    # one sync; True scans (and so syncs)
+    g = torch.Generator().manual_seed(4)
+    t, e, k, h, i = 40, 8, 2, 128, 64
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16).cuda()
+    w13 = (torch.randn(e, 2 * i, h, generator=g) * h ** -0.5).to(torch.bfloat16).cuda()
+    w2 = (torch.randn(e, h, i, generator=g) * i ** -0.5).to(torch.bfloat16).cuda()
+    w = torch.rand(t, k, generator=g).cuda()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int().cuda()
+    fused_experts(x, w13, w2, w, ids, backend="triton")  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = fused_experts(x, w13, w2, w, ids, backend="triton")
+        with pytest.raises(ValueError, match=r"w2 must be \[E=8, H=128, I=64\]"):
+            fused_experts(x, w13, w2[:, :, :-1].contiguous(), w, ids, backend="triton")
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            fused_experts(x, w13, w2, w, ids, backend="triton", check_inputs=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    bad = ids.clone()
+    bad[3, 1] = e
+    with pytest.raises(ValueError, match=rf"topk_ids must be in \[-1, {e}\)"):
+        fused_experts(x, w13, w2, w, bad, backend="triton", check_inputs=True)
+    ref = fused_experts(x.double().cpu(), w13.double().cpu(), w2.double().cpu(), w.cpu(),
+                        ids.cpu(), backend="reference")
+    assert rel_err(out.cpu(), ref) < TOL[torch.bfloat16]
+
+
 def test_cached_launches_equal_jit_launches():
     # the FastLauncher path (second call onwards) computes what the JIT path (first call) did
     from moerun.backends.triton import TritonExperts

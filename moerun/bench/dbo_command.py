@@ -17,6 +17,7 @@ Prints one line per cell. Host syncs: many (outside timed regions).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import statistics
@@ -141,9 +142,17 @@ def _cpu(args: argparse.Namespace, out) -> int:
     return 0
 
 
-def _usage_error(args: argparse.Namespace) -> tuple[str | None, str]:
-    """``(problem, device)``: the one-line usage error of ``--dbo``'s flags (None when they are
-    fine) and the device it runs on. Checked before any work."""
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _CheckedArgs:
+    """``--dbo``'s flags after the pre-run check: ``problem`` is the one-line usage error
+    (None when the flags are fine), ``device`` the device the run uses."""
+
+    problem: str | None
+    device: str
+
+
+def _usage_error(args: argparse.Namespace) -> _CheckedArgs:
+    """Check ``--dbo``'s flags before any work. Pure apart from the device probe."""
     from moerun.bench.device import device_of
     from moerun.bench.shapes import parse_tokens
     from moerun.cli_run import check_out_dir
@@ -152,19 +161,20 @@ def _usage_error(args: argparse.Namespace) -> tuple[str | None, str]:
         device = device_of(args.device)
         tokens = parse_tokens(args.tokens)
     except ValueError as exc:
-        return str(exc), args.device
+        return _CheckedArgs(problem=str(exc), device=args.device)
+    problem = None
     if args.ranks is not None and args.ranks < 2:
-        return f"--ranks must be >= 2 (got {args.ranks})", device
-    if args.repeats < 1:
-        return f"--repeats must be >= 1 (got {args.repeats})", device
-    if args.warmup < 0:
-        return f"--warmup must be >= 0 (got {args.warmup})", device
-    if device == "cpu" and tokens is not None and len(tokens) != 1:
-        return (f"--tokens {args.tokens!r}: --dbo on CPU takes one count (tokens per "
-                "rank)"), device
-    if device == "cpu" and args.trace is not None:
-        return check_out_dir("--trace", args.trace), device
-    return None, device
+        problem = f"--ranks must be >= 2 (got {args.ranks})"
+    elif args.repeats < 1:
+        problem = f"--repeats must be >= 1 (got {args.repeats})"
+    elif args.warmup < 0:
+        problem = f"--warmup must be >= 0 (got {args.warmup})"
+    elif device == "cpu" and tokens is not None and len(tokens) != 1:
+        problem = (f"--tokens {args.tokens!r}: --dbo on CPU takes one count (tokens per "
+                   "rank)")
+    elif device == "cpu" and args.trace is not None:
+        problem = check_out_dir("--trace", args.trace)
+    return _CheckedArgs(problem=problem, device=device)
 
 
 def run_dbo_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
@@ -176,10 +186,11 @@ def run_dbo_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     trace files."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    problem, device = _usage_error(args)
-    if problem is not None:
-        print(f"moerun bench: {problem}", file=err)
+    checked = _usage_error(args)
+    if checked.problem is not None:
+        print(f"moerun bench: {checked.problem}", file=err)
         return 2
+    device = checked.device
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     where = (torch.cuda.get_device_name() if device == "cuda" else
              f"cpu ({os.cpu_count()} cores), gloo, {args.ranks or 2} ranks")
