@@ -17,6 +17,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from moerun._precision import exact_fp32
+
 __all__ = ["add_run_arguments", "align_ranks_for_capture", "check_out_dir", "cmd_run",
            "write_trace_bundle", "RUN_DESCRIPTION"]
 
@@ -178,6 +180,7 @@ def _quiet_stderr():
         os.close(saved)
 
 
+@exact_fp32()
 def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argparse.Namespace,
               counts: list[int], device: str) -> dict:
     """Three forwards of the same batch: a warm-up (cold caches, first allocations), one timed
@@ -191,8 +194,6 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
     from moerun.mapping import Mapping
     from moerun.testing import make_case, reference_output, rel_err, unquantized_reference
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     cfg = _config(args)
     mapping = (Mapping(rank=rank, world_size=world_size, group=group, store=store)
                if world_size > 1 else Mapping())
@@ -371,8 +372,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``moerun run`` / ``moerun trace``: 0, 1 when an error exceeds its bound, 2 on a
     usage error (reported before any rank starts).
 
-    Side effects: prints to stdout/stderr; runs the forwards in this process on one rank (turning
-    TF32 off for matmul and cuDNN, not restored) or spawns ``--ranks`` processes (collectives
+    Side effects: prints to stdout/stderr; runs the forwards in this process on one rank (TF32
+    off for matmul and cuDNN while it runs, restored after) or spawns ``--ranks`` processes (collectives
     over gloo/NCCL); host syncs; ``--trace`` writes trace files."""
     import torch
 

@@ -191,3 +191,35 @@ def test_bench_overhead_prints_ns_per_range():
     proc = _run("bench", "--overhead", "--n", "20000")
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"range overhead without profiler: \d+ ns per range", proc.stdout)
+
+
+def test_commands_restore_tf32(capsys):
+    # bench / tune / run turn TF32 off while they run and give the caller's setting back,
+    # also when the command raises
+    import torch
+
+    from moerun._precision import exact_fp32
+    from moerun.cli import main
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        seen = []
+
+        @exact_fp32()
+        def probe():
+            seen.append((torch.backends.cuda.matmul.allow_tf32,
+                         torch.backends.cudnn.allow_tf32))
+            raise KeyError("x")
+
+        with pytest.raises(KeyError):
+            probe()
+        assert seen == [(False, False)]
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == \
+            (True, True)
+        assert main(["run", "--tokens", "8"]) == 0  # in this process, one rank
+        assert "relative error" in capsys.readouterr().out
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == \
+            (True, True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -20,6 +20,7 @@ import sys
 
 import torch
 
+from moerun._precision import exact_fp32
 from moerun.bench.device import device_of, device_text
 
 __all__ = ["add_arguments", "run", "main"]
@@ -246,6 +247,7 @@ def run(args: argparse.Namespace, *, out=None, err=None) -> int:
     return status
 
 
+@exact_fp32()
 def _run_matrix(args: argparse.Namespace, out, err) -> int:
     from moerun.bench.analysis import analyze_cell
     from moerun.bench.ceilings import measure_run_ceilings, parse_ceilings
@@ -289,7 +291,6 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
                              check_tokens=args.check_tokens, backends=backends,
                              reference_max_tokens=args.reference_max_tokens, seed=args.seed)
     peers = _resolve_peers(args.peers, err)
-    torch.backends.cuda.matmul.allow_tf32 = False
     if given is not None:
         ceilings = given
     else:
@@ -334,8 +335,8 @@ def _run_matrix(args: argparse.Namespace, out, err) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m moerun.bench [flags]``: the matrix without the ``moerun`` CLI.
 
-    Side effects: those of :func:`run`: prints, sets
-    ``torch.backends.cuda.matmul.allow_tf32 = False`` (not restored), runs and times device work
+    Side effects: those of :func:`run`: prints, TF32 off
+    while it runs (restored after), runs and times device work
     with host syncs, writes the files its flags name."""
     parser = argparse.ArgumentParser(prog="python -m moerun.bench",
                                      description=__doc__.splitlines()[0])

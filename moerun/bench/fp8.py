@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from moerun._precision import exact_fp32
 from moerun.bench.ceilings import Ceilings, Floor, floor_for
 from moerun.bench.inputs import draw_routing
 from moerun.bench.shapes import BenchShape
@@ -251,6 +252,7 @@ def summary_lines(cells: list[Fp8Cell]) -> list[str]:
     return lines
 
 
+@exact_fp32()
 def run(args, out, err) -> int:
     """``moerun bench --dtype fp8`` (flags of ``moerun.bench.command``). Returns 0, 1 when a
     cell misses the 3e-2 bound, 2 on a usage error."""
@@ -292,7 +294,6 @@ def run(args, out, err) -> int:
         from moerun.backends.triton.experts import TritonExperts
 
         bf16_backend = TritonExperts()
-    torch.backends.cuda.matmul.allow_tf32 = False
     ceilings = given or measure_run_ceilings(device, act, read_bytes=args.ceiling_bytes,
                                              matmul_size=args.matmul_size, seed=args.seed)
     rates = measure_fp8_rate(device) if device.type == "cuda" else \

@@ -17,6 +17,8 @@ import sys
 
 import torch
 
+from moerun._precision import exact_fp32
+
 __all__ = ["run_layer_bench"]
 
 _GIB = 2 ** 30
@@ -51,6 +53,7 @@ def _parse(args: argparse.Namespace):
     return torch.device(device_name), [LAYER_SHAPES[n] for n in names], tokens, backend
 
 
+@exact_fp32()
 def run_layer_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run ``moerun bench --layer``. Returns 0, 1 if a cell failed its correctness bound,
     2 on a usage error. Host syncs: many (outside timed regions)."""
@@ -72,7 +75,6 @@ def run_layer_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
         print(f"moerun bench: {exc}", file=err)
         return 2
     dtype = getattr(torch, args.dtype)
-    torch.backends.cuda.matmul.allow_tf32 = False
     cuda = device.type == "cuda"
     ceilings = given or measure_ceilings(
         device, read_bytes=args.ceiling_bytes or (2 * _GIB if cuda else 64 * 2 ** 20),

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from moerun._precision import exact_fp32
+
 __all__ = ["run_shared_bench", "VARIANTS", "shared_shapes"]
 
 _GIB = 2 ** 30
@@ -70,12 +72,13 @@ def _pick(times: dict[str, float], min_gain: float) -> str:
     return "sequential" if times[best] > times["sequential"] * (1 - min_gain) else best
 
 
+@exact_fp32()
 def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run ``moerun bench --shared``. Returns 0, 1 if a variant failed its correctness
     bound, 2 on a usage error. Writes the table with ``--write-table``.
 
-    Side effects: prints to ``out``/``err``; sets
-    ``torch.backends.cuda.matmul.allow_tf32 = False`` (not restored); builds and times layers on
+    Side effects: prints to ``out``/``err``; TF32 off
+    while it runs (restored after); builds and times layers on
     the device with host syncs; ``--write-table`` rewrites the table file."""
     from moerun.bench.ceilings import measure_ceilings, parse_ceilings
     from moerun.bench.device import device_of, device_text
@@ -103,7 +106,6 @@ def run_shared_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
         print(f"moerun bench: {exc}", file=err)
         return 2
     dtype = getattr(torch, args.dtype)
-    torch.backends.cuda.matmul.allow_tf32 = False
     ceilings = given or measure_ceilings(
         device, read_bytes=args.ceiling_bytes or (2 * _GIB if cuda else 64 * 2 ** 20),
         matmul_size=args.matmul_size or (8192 if cuda else 512), matmul_dtype=dtype,

@@ -60,6 +60,8 @@ import sys
 import time
 from pathlib import Path
 
+from moerun._precision import exact_fp32
+
 __all__ = ["main", "build_parser", "run_points", "write_winners", "finalists", "pick_winner",
            "FINAL_WITHIN", "FINAL_MAX", "FINAL_ROUNDS", "KEEP_MARGIN"]
 
@@ -175,12 +177,13 @@ def _print_plan(points, out_dir: Path, out) -> None:
     print(f"plan: {len(points)} points, {total} configs to time", file=out)
 
 
+@exact_fp32()
 def main(argv=None, prog: str = "moerun tune") -> int:
     """Entry point of ``moerun tune``; returns the exit status (0 ok, 2 usage error or no
     GPU for a real run).
 
-    Side effects: prints to stdout/stderr; a real run sets
-    ``torch.backends.cuda.matmul.allow_tf32 = False`` (not restored), times kernels on CUDA
+    Side effects: prints to stdout/stderr; a real run turns TF32
+    off while it runs (:func:`moerun._precision.exact_fp32`), times kernels on CUDA
     device 0 (host syncs) and, unless ``--dry-run``, writes config JSON files under
     ``--out-dir``."""
     args = build_parser(prog).parse_args(argv)
@@ -239,7 +242,6 @@ def main(argv=None, prog: str = "moerun tune") -> int:
                                                           else sys.argv[1:])])
     points = plan_points(shapes, tokens, dtype, device, out_dir, args.graph_max_tokens)
     cuda_dev = torch.device("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
     ceilings = given if given is not None else measure_run_ceilings(cuda_dev, act)
     fp8_rate = None
