@@ -220,7 +220,8 @@ class GroupedMMExperts(Backend):
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:
         """Peak temporaries for ``rows`` rows: per pair the gathered row, gate/up, activation,
-        expert output (``x.dtype``) and its fp32 weighted copy; the fp32 accumulator; indices."""
+        expert output (``x.dtype``) and its fp32 weighted copy; the fp32 accumulator; indices.
+        Pure; host only."""
         elt = torch.empty((), dtype=problem.dtype).element_size()
         k, h, i = problem.top_k, problem.hidden_size, problem.intermediate_size
         pairs = rows * k

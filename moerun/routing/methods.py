@@ -176,6 +176,8 @@ def softmax_topk(
     Qwen2-MoE / Qwen3-MoE (``norm_topk_prob``) and DeepSeek-V2 ``topk_method="greedy"``
     (``renormalize=False``, with ``routed_scaling_factor``). ``router_logits``: ``[T, E]``;
     ``top_k``: ``K`` in ``[1, E]``. See the module docstring for the result.
+
+    Side effects: none (the module contract above): no host sync, capturable.
     """
     _check(router_logits, top_k, routed_scaling_factor)
     weights_TK, ids_TK = router_logits.float().softmax(dim=-1).topk(top_k, dim=-1)
@@ -189,6 +191,8 @@ def topk_softmax(
     """Top-k logits, then softmax over the ``K`` selected (Mixtral); always normalized.
 
     Equals softmax -> top-k -> renormalize (HF's formulation) up to rounding.
+
+    Side effects: none (the module contract above): no host sync, capturable.
     """
     _check(router_logits, top_k, routed_scaling_factor)
     values_TK, ids_TK = router_logits.float().topk(top_k, dim=-1)
@@ -216,6 +220,8 @@ def group_limited_greedy(
     only when not renormalizing. Released V2 checkpoints use ``norm_topk_prob=False``, where
     all three agree. HF masks dropped experts to 0, we mask to -inf so that the ids always
     respect the group limit; the weights are identical (kept scores are >= 0).
+
+    Side effects: none (the module contract above): no host sync, capturable.
     """
     num_tokens, num_experts = _check(router_logits, top_k, routed_scaling_factor)
     _check_groups(num_experts, top_k, num_expert_group, topk_group, min_per_group=1)
@@ -249,6 +255,8 @@ def noaux_tc(
     groups; select top-k ``choice`` among the kept experts; weights are the *unbiased*
     ``scores`` of the selected experts, divided by ``sum + 1e-20`` iff ``renormalize``, then
     always ``* routed_scaling_factor``. With ``G > 1`` each group needs >= 2 experts.
+
+    Side effects: none (the module contract above): no host sync, capturable.
     """
     num_tokens, num_experts = _check(router_logits, top_k, routed_scaling_factor)
     bias_E = _check_bias(correction_bias, router_logits, "noaux_tc")
@@ -271,6 +279,8 @@ def llama4_top1(router_logits: torch.Tensor, *, routed_scaling_factor: float = 1
 
     The caller applies the weight to the expert *input* (``apply_router_weight_on_input``);
     routing only returns it. Results are ``[T, 1]``.
+
+    Side effects: none (the module contract above): no host sync, capturable.
     """
     _check(router_logits, 1, routed_scaling_factor)
     values_T1, ids_T1 = router_logits.float().topk(1, dim=-1)
@@ -285,7 +295,10 @@ def sigmoid_topk(
     renormalize: bool,
     routed_scaling_factor: float = 1.0,
 ) -> Routed:
-    """Sigmoid, top-k; weights divided by ``sum + 1e-20`` iff ``renormalize``."""
+    """Sigmoid, top-k; weights divided by ``sum + 1e-20`` iff ``renormalize``.
+
+    Side effects: none (the module contract above): no host sync, capturable.
+    """
     _check(router_logits, top_k, routed_scaling_factor)
     weights_TK, ids_TK = router_logits.float().sigmoid().topk(top_k, dim=-1)
     return _finish(weights_TK, ids_TK, renormalize=renormalize, eps=_RENORM_EPS,
@@ -304,6 +317,8 @@ def sigmoid_bias_topk(
 
     Weights are the *unbiased* sigmoids of the selected experts, divided by ``sum + 1e-20``
     iff ``renormalize`` (HF always renormalizes, without the epsilon).
+
+    Side effects: none (the module contract above): no host sync, capturable.
     """
     _check(router_logits, top_k, routed_scaling_factor)
     bias_E = _check_bias(correction_bias, router_logits, "sigmoid_bias_topk")

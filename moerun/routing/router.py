@@ -69,6 +69,7 @@ class TorchRouter(Router):
 
     @classmethod
     def can_implement(cls, problem: Problem, env: Env) -> Eligibility:
+        """Always eligible (the torch twin runs every method on every device). Pure."""
         return Eligibility.yes()
 
     def __call__(self, router_logits: torch.Tensor, *, valid_rows: int) -> Routed:
@@ -95,6 +96,8 @@ class TritonRouter(Router):
 
     @classmethod
     def can_implement(cls, problem: Problem, env: Env) -> Eligibility:
+        """Eligible where triton imports and can run on the problem's device (see the
+        reasons below). Host only, pure given ``env``."""
         if env.triton_version is None:
             return Eligibility.no(RejectReason.PACKAGE_MISSING,
                                   "triton is not importable; pip install 'moerun[gpu]'")
@@ -144,7 +147,8 @@ ROUTER_NAMES = ("torch", "triton")
 
 
 def router_class(name: str) -> type[Router]:
-    """The router registered as ``name``; ValueError listing the valid names otherwise."""
+    """The router registered as ``name``; ValueError listing the valid names otherwise.
+    Pure."""
     if name == "torch":
         return TorchRouter
     if name == "triton":

@@ -45,6 +45,8 @@ class GateUpConfig:
     a_tma: bool = False
 
     def smem_bytes(self, block_m: int, elt: int) -> int:
+        """Shared memory of the gate/up pipeline's stages at ``elt`` bytes per element.
+        Pure."""
         b_rows = self.block_n if self.paired else 2 * self.block_n
         return self.num_stages * (block_m * self.block_k + b_rows * self.block_k) * elt
 
@@ -65,6 +67,7 @@ class DownConfig:
     warp_specialize: bool = False
 
     def smem_bytes(self, block_m: int, elt: int) -> int:
+        """Shared memory of the down pipeline's stages at ``elt`` bytes per element. Pure."""
         return self.num_stages * (block_m * self.block_k + self.block_n * self.block_k) * elt
 
 
@@ -155,7 +158,8 @@ class ExpertsConfig:
 
     def to_json(self) -> dict:
         """A JSON-able dict; the persistent-only and fp8-only fields appear only when not at
-        their defaults, so a grouped config writes exactly what files before them held."""
+        their defaults, so a grouped config writes exactly what files before them held.
+        Pure."""
         d = dataclasses.asdict(self)
         for part, cls in (("gate_up", GateUpConfig), ("down", DownConfig)):
             for f in _OPTIONAL_FIELDS:
@@ -169,13 +173,14 @@ class ExpertsConfig:
     @classmethod
     def from_json(cls, d: dict) -> "ExpertsConfig":
         """Inverse of :meth:`to_json`; files without ``kernel`` / ``programs`` (every file
-        before issue 11 item 1) load as the grouped kernels."""
+        before issue 11 item 1) load as the grouped kernels. Pure (validates, as
+        ``__init__`` does)."""
         return cls(block_m=int(d["block_m"]), gate_up=GateUpConfig(**d["gate_up"]),
                    down=DownConfig(**d["down"]), combine=d.get("combine", "reduce"),
                    kernel=d.get("kernel", "grouped"), programs=int(d.get("programs", 0)))
 
     def key(self) -> str:
-        """A short stable name (for tables and logs)."""
+        """A short stable name (for tables and logs). Pure."""
         g, d = self.gate_up, self.down
         key = (f"m{self.block_m}|gu n{g.block_n}k{g.block_k}g{g.group_m}w{g.num_warps}"
                f"s{g.num_stages}{'P' if g.paired else ''}|dn n{d.block_n}k{d.block_k}"

@@ -95,6 +95,8 @@ class TritonExperts(Backend):
 
     @classmethod
     def can_implement(cls, problem: Problem, deployment: Deployment, env: Env) -> Eligibility:
+        """Eligible for SwiGLU where triton runs on the problem's device (the reasons
+        below). Host only, pure given ``env``."""
         if problem.activation != Activation.SILU_GLU:
             return Eligibility.no(RejectReason.ACTIVATION, f"{problem.activation} unsupported")
         if env.triton_version is None:
@@ -150,7 +152,8 @@ class TritonExperts(Backend):
 
     def kernel_config(self, *, num_slots: int, hidden: int, intermediate: int, num_tokens: int,
                       top_k: int, dtype: torch.dtype) -> str:
-        """``"tuned (<file>)"``, ``"heuristic"`` or ``"override"`` for a call of this shape."""
+        """``"tuned (<file>)"``, ``"heuristic"`` or ``"override"`` for a call of this shape.
+        Host only (reads the config files once per shape)."""
         return self._table().lookup(num_slots, intermediate, hidden, num_tokens, top_k,
                                     dtype).source
 
@@ -159,7 +162,7 @@ class TritonExperts(Backend):
                       ) -> tuple[str, ...]:
         """Per T bucket: the config source for this rank's local shape (the default table of
         ``env``'s device; a layer given a ``TritonExperts(configs=...)`` instance uses its
-        own table instead). Reads the shipped JSON files once per shape."""
+        own table instead). Host only: reads the shipped JSON files once per shape."""
         from moerun.backends.triton.configs import ConfigTable
 
         dtype = torch.float8_e4m3fn if getattr(problem, "quant", None) is not None \
@@ -210,7 +213,7 @@ class TritonExperts(Backend):
     def fp8_config_source(self, num_slots: int, inter: int, hidden: int, num_tokens: int,
                           top_k: int) -> str:
         """Where :meth:`fp8_config_for`'s config comes from (``"tuned (<file>)"`` or
-        ``"heuristic"``)."""
+        ``"heuristic"``). Host only (reads the config files once per shape)."""
         return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k,
                                     torch.float8_e4m3fn).source
 
@@ -347,7 +350,7 @@ class TritonExperts(Backend):
         ``DIRECT_MAX_TOKENS`` rows, where ``moerun tune`` offers the direct path, its fp32
         per-pair partials and arrival counters) + index buffers, plus the rows gathered into
         aligned order for the persistent kernels' TMA loads (``a_tma`` configs); an upper
-        bound over every config a T bucket may pick."""
+        bound over every config a T bucket may pick. Pure; host only."""
         from moerun.backends.triton.tune_plan import DIRECT_MAX_TOKENS
 
         elt = torch.empty((), dtype=problem.dtype).element_size()

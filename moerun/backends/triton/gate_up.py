@@ -49,7 +49,7 @@ __all__ = ["gate_up", "gate_up_torch", "gate_up_direct", "gate_up_direct_torch",
 
 # ---------------------------------------------------------------- constants / config
 def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot`` input precision: IEEE for fp32 (no TF32), the default otherwise."""
+    """``tl.dot`` input precision: IEEE for fp32 (no TF32), the default otherwise. Pure."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -60,7 +60,8 @@ DIRECT_BLOCK_M = 16
 # ---------------------------------------------------------------- kernel
 @triton.jit
 def grouped_pid(pid, num_m, num_n, GROUP_M: tl.constexpr):
-    """``pid -> (pid_m, pid_n)``: ``GROUP_M`` m-blocks at a time, m fastest in a group."""
+    """``pid -> (pid_m, pid_n)``: ``GROUP_M`` m-blocks at a time, m fastest in a group.
+    Device code (inlined into the calling kernel); no host effects."""
     in_group = GROUP_M * num_n
     group = pid // in_group
     first_m = group * GROUP_M
@@ -77,7 +78,8 @@ def gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M: tl.constexpr,
     """The gate/up K loop of a row tile: ``(acc_g, acc_u)``, fp32 ``[BM, BN]``, the rows at
     ``a_ptrs`` (``[BM, BK]`` pointers; rows not ``row_ok`` read as zeros) times the gate and
     up weight tiles at ``g_ptrs`` / ``u_ptrs`` (``[BK, BN]``), over ``hidden`` in ``BK``
-    steps (``EVEN_K``: ``hidden % BK == 0``, no K mask)."""
+    steps (``EVEN_K``: ``hidden % BK == 0``, no K mask). Device code (inlined into the
+    calling kernel): global loads only, no stores."""
     offs_k = tl.arange(0, BLOCK_K)
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
