@@ -126,14 +126,19 @@ def test_forward_makes_no_host_sync():
     assert rel_err(out.cpu(), reference_output(cfg, case)) < TOL[torch.bfloat16]
 
 
-def test_fused_experts_captures_with_default_checks():
-    g = torch.Generator().manual_seed(3)
-    t, e, k, h, i = 48, 8, 2, 128, 64
+def _fused_inputs(seed: int, t: int, e: int, k: int, h: int, i: int):
+    """bf16 CUDA ``(x, w13, w2, topk_weights, topk_ids)`` of distinct random ids per row."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, h, generator=g).to(torch.bfloat16).cuda()
     w13 = (torch.randn(e, 2 * i, h, generator=g) * h ** -0.5).to(torch.bfloat16).cuda()
     w2 = (torch.randn(e, h, i, generator=g) * i ** -0.5).to(torch.bfloat16).cuda()
     w = torch.rand(t, k, generator=g).cuda()
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int().cuda()
+    return x, w13, w2, w, ids
+
+
+def test_fused_experts_captures_with_default_checks():
+    x, w13, w2, w, ids = _fused_inputs(3, t=48, e=8, k=2, h=128, i=64)
     ref = fused_experts(x.double().cpu(), w13.double().cpu(), w2.double().cpu(), w.cpu(),
                         ids.cpu(), backend="reference")
     graph, out = _capture(lambda: fused_experts(x, w13, w2, w, ids, backend="triton"))
@@ -145,13 +150,8 @@ def test_fused_experts_captures_with_default_checks():
 def test_fused_experts_default_checks_make_no_host_sync():
     # on CUDA the default (None) keeps the host-only checks and drops the id range scan, the
     # one sync; True scans (and so syncs)
-    g = torch.Generator().manual_seed(4)
-    t, e, k, h, i = 40, 8, 2, 128, 64
-    x = torch.randn(t, h, generator=g).to(torch.bfloat16).cuda()
-    w13 = (torch.randn(e, 2 * i, h, generator=g) * h ** -0.5).to(torch.bfloat16).cuda()
-    w2 = (torch.randn(e, h, i, generator=g) * i ** -0.5).to(torch.bfloat16).cuda()
-    w = torch.rand(t, k, generator=g).cuda()
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int().cuda()
+    e = 8
+    x, w13, w2, w, ids = _fused_inputs(4, t=40, e=e, k=2, h=128, i=64)
     fused_experts(x, w13, w2, w, ids, backend="triton")  # compile first
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -176,13 +176,8 @@ def test_cached_launches_equal_jit_launches():
     # the FastLauncher path (second call onwards) computes what the JIT path (first call) did
     from moerun.backends.triton import TritonExperts
 
-    g = torch.Generator().manual_seed(9)
-    t, e, k, h, i = 33, 16, 4, 256, 128
-    x = torch.randn(t, h, generator=g).to(torch.bfloat16).cuda()
-    w13 = (torch.randn(e, 2 * i, h, generator=g) * h ** -0.5).to(torch.bfloat16).cuda()
-    w2 = (torch.randn(e, h, i, generator=g) * i ** -0.5).to(torch.bfloat16).cuda()
-    w = torch.rand(t, k, generator=g).cuda()
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int().cuda()
+    t, h = 33, 256
+    x, w13, w2, w, ids = _fused_inputs(9, t=t, e=16, k=4, h=h, i=128)
     backend = TritonExperts()
     first = backend.run_experts(x, w13, w2, w, ids)
     again = [backend.run_experts(x, w13, w2, w, ids) for _ in range(3)]
