@@ -57,7 +57,8 @@ def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
 
     seen = {}
     for f in sorted(CONFIG_DIR.glob("*.json")):
-        meta, entries = load_config_file(f)
+        loaded = load_config_file(f)
+        meta, entries = loaded.meta, loaded.entries
         for bucket, cfg in entries.items():
             if cfg.kernel == "ws":
                 assert meta["dtype"] == "float8_e4m3fn" and meta["device"] == "NVIDIA H200", f

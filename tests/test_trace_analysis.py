@@ -76,6 +76,22 @@ def test_interval_helpers_hand_cases():
 # CPU: shared range on the main thread, a gloo collective on a worker thread
 
 
+@pytest.mark.parametrize("name,want", [
+    ("moerun/L3/dispatch.wait", ("phase", 3, "dispatch.wait", None)),
+    ("moerun/L-/eplb.route", ("phase", None, "eplb.route", None)),
+    ("moerun/L12/chunk4", ("chunk", 12, "chunk", 4)),
+    ("moerun/L0/dbo/ub1", ("ub", 0, "ub", 1)),
+    ("moerun/L7/dbo/yield", ("mark", 7, "dbo/yield", None)),
+    ("aten::mm", None),
+    ("moerunL3/route", None),
+])
+def test_parse_name_hand_cases(name, want):
+    from traces._ranges import parse_name
+
+    got = parse_name(name)
+    assert (None if got is None else (got.kind, got.layer, got.phase, got.index)) == want
+
+
 def test_cpu_shared_hidden_by_gloo_worker():
     #   main    |shared 0..100|
     #   worker          |gloo:all_reduce 40..140|

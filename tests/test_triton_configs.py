@@ -74,7 +74,7 @@ def test_single_rank_and_ep8_shapes_are_tuned_and_an_untuned_ep16_shape_is_heuri
     one_rank = table.lookup(256, 2048, 7168, 16, 8, BF16)
     assert one_rank.source == f"tuned ({DSV3_FILE})" and one_rank.tuned
     assert one_rank.entry_bucket == 16
-    _, entries = load_config_file(table.config_dir + "/" + DSV3_FILE)
+    entries = load_config_file(table.config_dir + "/" + DSV3_FILE).entries
     assert one_rank.config == fit_to_dtype(entries[16], BF16)
     # DeepSeek-V3 under EP8: the kernels run 32 local slots, the shipped EP8 file applies
     ep8 = table.lookup(32, 2048, 7168, 2048, 4, BF16)
@@ -156,7 +156,8 @@ def test_tuned_file_of_the_local_shape_round_trips(tmp_path):
                                       16384: TunedEntry(config=CFG_B, us=21000.0,
                                                         timing="eager", tokens=32768)})
     assert path.name == EP8_FILE
-    meta, entries = load_config_file(path)
+    loaded = load_config_file(path)
+    meta, entries = loaded.meta, loaded.entries
     assert entries == {256: CFG_A, 16384: CFG_B}
     assert meta["shape"] == {"name": "deepseek-v3-ep8-local", "S": 32, "top_k": 4, "H": 7168,
                              "I": 2048}
@@ -531,7 +532,8 @@ def test_fp8_winners_are_written_and_looked_up_as_tuned(tmp_path):
                           pts, tmp_path, dtype=FP8, device_name=H200, command="moerun tune "
                           "--dtype fp8", out=io.StringIO(), activation_dtype=BF16)
     assert [p.name for p in paths] == [EP8_FP8]
-    meta, entries = load_config_file(paths[0])
+    loaded = load_config_file(paths[0])
+    meta, entries = loaded.meta, loaded.entries
     assert entries == {256: win, 8192: old}
     assert meta["dtype"] == "float8_e4m3fn" and meta["activations"] == "bfloat16"
     assert meta["shape"]["S"] == 32 and meta["command"] == "moerun tune --dtype fp8"

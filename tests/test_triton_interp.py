@@ -353,7 +353,8 @@ def test_tuned_config_files():
     assert files, "no tuned configs shipped"
     by_name = {}
     for f in files:
-        meta, entries = load_config_file(f)
+        loaded = load_config_file(f)
+        meta, entries = loaded.meta, loaded.entries
         fp8 = meta["dtype"] == "float8_e4m3fn"
         command = meta.get("command", "")
         assert "tune" in command or (fp8 and "benchmarks/fp8_sweep.py" in command), f

@@ -252,7 +252,7 @@ def test_shipped_files_load_and_persistent_entries_are_measured():
 
     persistent = []
     for f in sorted(CONFIG_DIR.glob("*.json")):
-        _, entries = load_config_file(f)
+        entries = load_config_file(f).entries
         data = json.loads(f.read_text())
         raw = data["entries"]
         by_tuner = "moerun tune" in data["meta"].get("written_by", "")

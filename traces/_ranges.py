@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 from traces._chrome import Event
 
-__all__ = ["MoerunRange", "parse_name", "attribute_thread", "PhaseFinder", "WAIT_PHASES"]
+__all__ = ["MoerunRange", "RangeName", "parse_name", "attribute_thread", "PhaseFinder", "WAIT_PHASES"]
 
 _NAME = re.compile(r"^moerun/L(\d+|-)/(.+)$")
 _UB = re.compile(r"^dbo/ub(\d+)$")
@@ -70,22 +70,34 @@ class MoerunRange:
     end: float
 
 
-def parse_name(name: str) -> tuple[str, int | None, str, int | None] | None:
-    """``(kind, layer, phase, index)`` of a moerun range name, or None for other names."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RangeName:
+    """A parsed moerun range name: ``kind`` (``"phase"``, ``"chunk"``, ``"ub"`` or ``"mark"``),
+    ``layer`` (None for ``L-``), ``phase`` (the phase, or ``"chunk"`` / ``"ub"`` /
+    ``"dbo/yield"``) and ``index`` (the chunk or micro-batch number, else None)."""
+
+    kind: str
+    layer: int | None
+    phase: str
+    index: int | None
+
+
+def parse_name(name: str) -> RangeName | None:
+    """The parts of a moerun range name, or None for other names. Pure."""
     m = _NAME.match(name)
     if m is None:
         return None
     layer = None if m.group(1) == "-" else int(m.group(1))
     suffix = m.group(2)
     if suffix == _YIELD:
-        return "mark", layer, _YIELD, None
+        return RangeName(kind="mark", layer=layer, phase=_YIELD, index=None)
     u = _UB.match(suffix)
     if u is not None:
-        return "ub", layer, "ub", int(u.group(1))
+        return RangeName(kind="ub", layer=layer, phase="ub", index=int(u.group(1)))
     c = _CHUNK.match(suffix)
     if c is not None:
-        return "chunk", layer, "chunk", int(c.group(1))
-    return "phase", layer, suffix, None
+        return RangeName(kind="chunk", layer=layer, phase="chunk", index=int(c.group(1)))
+    return RangeName(kind="phase", layer=layer, phase=suffix, index=None)
 
 
 class _UbResolver:
@@ -162,8 +174,7 @@ def attribute_thread(events: Iterable[Event]) -> ThreadRanges:
     for e in events:
         p = parse_name(e.name)
         if p is not None:
-            kind, layer, phase, index = p
-            parsed.setdefault(layer, []).append((kind, phase, index, e))
+            parsed.setdefault(p.layer, []).append((p.kind, p.phase, p.index, e))
     out: list[MoerunRange] = []
     by_segment = ambiguous = 0
     for layer, items in parsed.items():

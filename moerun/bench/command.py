@@ -173,8 +173,8 @@ def _emit(info, ceilings, peers, cells, args, out, err) -> int:
 
 
 def _read_saved(path: str):
-    """``(info, ceilings, cells)`` of a saved ``--out`` file; a ValueError naming
-    ``--from-json`` when it cannot be read or is not one. Host only."""
+    """The :class:`~moerun.bench.report.SavedRun` of a saved ``--out`` file; a ValueError
+    naming ``--from-json`` when it cannot be read or is not one. Host only."""
     from moerun.bench.report import from_json
 
     try:
@@ -197,7 +197,7 @@ def _from_json(args, saved, out, err) -> int:
     from moerun.bench.analysis import analyze_cell
     from moerun.bench.report import cell_line
 
-    info, ceilings, cells = saved
+    info, ceilings, cells = saved.info, saved.ceilings, saved.cells
     peers = _resolve_peers(args.peers, err)
     print(f"# from {args.from_json}: {info.command} ({info.date}, {info.device})", file=out)
     print(f"ceilings: {ceilings.describe()}", file=out)

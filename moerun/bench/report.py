@@ -14,7 +14,7 @@ from moerun.bench.matrix import BackendResult, CellResult
 from moerun.bench.peers import PeerTable, PeerTime
 
 __all__ = ["RunInfo", "Progress", "cell_line", "summary_line", "render_table", "to_json",
-           "from_json", "render_markdown", "write_results_section", "SCHEMA"]
+           "from_json", "SavedRun", "render_markdown", "write_results_section", "SCHEMA"]
 
 SCHEMA = "moerun-bench/1"
 SECTION_BEGIN = "<!-- moerun bench (expert compute): begin -->"
@@ -230,7 +230,17 @@ def to_json(info: RunInfo, ceilings: Ceilings, peers: PeerTable | None,
     }
 
 
-def from_json(data: dict) -> tuple[RunInfo, Ceilings, list[CellResult]]:
+@dataclass(frozen=True, kw_only=True)
+class SavedRun:
+    """The measured part of a saved run (:func:`from_json`): its settings, ceilings and
+    cells, from which every derived figure is recomputed."""
+
+    info: RunInfo
+    ceilings: Ceilings
+    cells: list[CellResult]
+
+
+def from_json(data: dict) -> SavedRun:
     """The measured part of a :func:`to_json` document. ValueError on another schema.
 
     Pure; host only."""
@@ -257,7 +267,7 @@ def from_json(data: dict) -> tuple[RunInfo, Ceilings, list[CellResult]]:
                                 results=results, skipped=dict(d.get("skipped", {})),
                                 group=d.get("group", "model"),
                                 eager_only=bool(d.get("eager_only", False))))
-    return info, ceilings, cells
+    return SavedRun(info=info, ceilings=ceilings, cells=cells)
 
 
 # ---------------------------------------------------------------------------- markdown

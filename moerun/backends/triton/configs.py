@@ -50,6 +50,7 @@ __all__ = [
     "FP8_GROUP",
     "FP8_PREQUANT_BLOCK_M",
     "ConfigTable",
+    "ConfigFile",
     "load_config_file",
     "dtype_name",
 ]
@@ -222,13 +223,21 @@ def fit_to_dtype(cfg: ExpertsConfig, dtype: torch.dtype) -> ExpertsConfig:
     return dataclasses.replace(cfg, gate_up=gu, down=dn)
 
 
-def load_config_file(path: Path) -> tuple[dict, dict[int, ExpertsConfig]]:
-    """``(meta, {T bucket: config})`` from one JSON file (format: see ``tune.py``).
+@dataclass(frozen=True, kw_only=True)
+class ConfigFile:
+    """One config file's contents: ``meta`` (how it was tuned) and ``entries``
+    (``{T bucket: config}``)."""
 
-    Host only; reads ``path``."""
+    meta: dict
+    entries: dict[int, ExpertsConfig]
+
+
+def load_config_file(path: Path) -> ConfigFile:
+    """The meta and ``{T bucket: config}`` entries of one JSON file (format: see
+    ``tune.py``). Host only; reads ``path``."""
     data = json.loads(Path(path).read_text())
     entries = {int(t): ExpertsConfig.from_json(e["config"]) for t, e in data["entries"].items()}
-    return data.get("meta", {}), entries
+    return ConfigFile(meta=data.get("meta", {}), entries=entries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,7 +285,7 @@ def _file_table(num_slots: int, inter: int, hidden: int, dtype: str, device_name
     path = Path(config_dir) / name
     if not path.is_file():
         return None
-    _, entries = load_config_file(path)
+    entries = load_config_file(path).entries
     if not entries:
         return None
     keys = sorted(entries)
