@@ -170,7 +170,8 @@ def test_registry_skips_with_reasons(monkeypatch):
     monkeypatch.setitem(BENCH_BACKENDS, "triton", ("moerun.backends._absent_for_test",
                                                    "TritonExperts"))
     problem = problem_for(8, 2, 64, 32, torch.float64, "cpu")
-    chosen, skipped = select_backends(["reference", "grouped_mm", "triton"], problem, get_env())
+    selection = select_backends(["reference", "grouped_mm", "triton"], problem, get_env())
+    chosen, skipped = selection.chosen, selection.skipped
     assert [b.name for b in chosen] == ["reference"]
     assert chosen[0].graph_skip  # the oracle is known not to be capturable
     assert skipped["grouped_mm"].startswith("can_implement: dtype:")

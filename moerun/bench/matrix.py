@@ -215,7 +215,8 @@ def run_matrix(shapes: list[BenchShape], tokens: list[int] | None, settings: Ben
                               dtype, device.type)
         all_names = list(dict.fromkeys(n for t in shape_tokens
                                        for n in backend_names_for(settings, t)))
-        chosen, skipped_all = select_backends(all_names, problem, env)
+        selection = select_backends(all_names, problem, env)
+        chosen, skipped_all = selection.chosen, selection.skipped
         by_name = {b.name: b for b in chosen}
         h = shape.hidden
         weights = make_weights(shape, dtype, device, generator=gen)

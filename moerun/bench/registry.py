@@ -16,7 +16,7 @@ from moerun.capability import Deployment, Problem
 from moerun.config import Activation
 from moerun.env import Env
 
-__all__ = ["BENCH_BACKENDS", "BenchBackend", "load_backend", "select_backends",
+__all__ = ["BENCH_BACKENDS", "BenchBackend", "Selection", "load_backend", "select_backends",
            "problem_for"]
 
 #: name -> (module, class). Order = column order of the report.
@@ -62,12 +62,17 @@ def problem_for(num_experts: int, top_k: int, hidden: int, intermediate: int,
                    activation=Activation.SILU_GLU, device_type=device_type)
 
 
-def select_backends(names: list[str], problem: Problem, env: Env) -> tuple[list[BenchBackend],
-                                                                            dict[str, str]]:
-    """Instantiate every named backend that imports and accepts ``problem`` on one rank.
+@dataclass(frozen=True, kw_only=True)
+class Selection:
+    """The backends a cell runs (``chosen``) and why the others do not (``skipped``: name ->
+    import failure, ``can_implement`` reason and detail, or constructor failure)."""
 
-    Returns ``(chosen, skipped)``: ``skipped`` maps a name to its reason (import failure,
-    ``can_implement`` reason enum and detail, or constructor failure).
+    chosen: list[BenchBackend]
+    skipped: dict[str, str]
+
+
+def select_backends(names: list[str], problem: Problem, env: Env) -> Selection:
+    """Instantiate every named backend that imports and accepts ``problem`` on one rank.
 
     Host only: imports and constructs the backends (no device work).
     """
@@ -97,4 +102,4 @@ def select_backends(names: list[str], problem: Problem, env: Env) -> tuple[list[
             continue
         chosen.append(BenchBackend(name=name, backend=backend,
                                    graph_skip=_NOT_CAPTURABLE.get(name, "")))
-    return chosen, skipped
+    return Selection(chosen=chosen, skipped=skipped)
