@@ -372,9 +372,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``moerun run`` / ``moerun trace``: 0, 1 when an error exceeds its bound, 2 on a
     usage error (reported before any rank starts).
 
-    Side effects: prints to stdout/stderr; runs the forwards in this process on one rank (TF32
-    off for matmul and cuDNN while it runs, restored after) or spawns ``--ranks`` processes (collectives
-    over gloo/NCCL); host syncs; ``--trace`` writes trace files."""
+    Side effects: prints to stdout/stderr; runs the forwards in this process on one rank
+    (TF32 off for matmul and cuDNN while it runs, restored after) or spawns ``--ranks``
+    processes (collectives over gloo/NCCL); host syncs; ``--trace`` writes trace files."""
     import torch
 
     from moerun.bench.device import device_of

@@ -36,7 +36,8 @@ from typing import Any, Iterable
 
 from traces._chrome import Event
 
-__all__ = ["MoerunRange", "RangeName", "parse_name", "attribute_thread", "PhaseFinder", "WAIT_PHASES"]
+__all__ = ["MoerunRange", "RangeName", "parse_name", "attribute_thread", "PhaseFinder",
+           "WAIT_PHASES"]
 
 _NAME = re.compile(r"^moerun/L(\d+|-)/(.+)$")
 _UB = re.compile(r"^dbo/ub(\d+)$")
