@@ -233,7 +233,8 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
         if trace_dir is not None:  # every rank writes its own trace, reports and timeline
             if world_size > 1:
                 align_ranks_for_capture(group)
-            files = write_trace_bundle(forward, layer, trace_dir, tag=f"rank{rank}")
+            files = write_trace_bundle(forward, layer, trace_dir, tag=f"rank{rank}",
+                                       counts=counts)
             phases = files.pop("phases")
         elif rank == 0:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -297,23 +298,31 @@ def align_ranks_for_capture(group: Any) -> None:
 
 
 def write_trace_bundle(forward: Any, layer: Any, out_dir: str, *, tag: str,
-                       title: str | None = None) -> dict:
+                       title: str | None = None, counts: list[int] | None = None) -> dict:
     """Capture ``forward()`` (one layer forward) and write ``trace-{tag}.json``,
     ``report-{tag}.txt`` / ``.json`` (resolution report + :func:`traces.overlap`) and
-    ``timeline-{tag}.png`` into ``out_dir``. Returns the paths, the per-phase host times
-    and the overlap figures. Host syncs: the profiler's."""
+    ``timeline-{tag}.png`` into ``out_dir``. With ``counts`` (the forward's rows per rank)
+    under the DBO scheduler, the reports also say what its split rule decided. Returns the
+    paths, the per-phase host times and the overlap figures. Host syncs: the profiler's."""
     import traces
 
     os.makedirs(out_dir, exist_ok=True)
     with _quiet_stderr():
         cap = traces.capture(forward, out_dir, name=f"trace-{tag}")
     rep = traces.overlap(cap.path)
+    dbo = None if counts is None else _dbo_line(layer, counts)
     txt = os.path.join(out_dir, f"report-{tag}.txt")
     with open(txt, "w") as f:
-        f.write(f"{layer.report}\n\n{rep}\n")
+        f.write(f"{layer.report}\n")
+        if dbo is not None:
+            f.write(f"dual-batch overlap: {dbo}\n")
+        f.write(f"\n{rep}\n")
     js = os.path.join(out_dir, f"report-{tag}.json")
+    data = _report_json(layer, rep)
+    if dbo is not None:
+        data["dual_batch_overlap"] = dbo
     with open(js, "w") as f:
-        json.dump(_report_json(layer, rep), f, indent=1)
+        json.dump(data, f, indent=1)
     png = os.path.join(out_dir, f"timeline-{tag}.png")
     traces.timeline(rep, png, title=title or f"moerun {tag}: {layer.report.scheduler}, shared "
                                              f"{layer.report.shared_expert_order}")

@@ -66,8 +66,11 @@ def test_run_says_what_dbo_decided(tmp_path, ranks, tokens, split, rule):
     assert re.search(rf"^dual-batch overlap: {word}  \({rule}\)$", proc.stdout, re.M), \
         proc.stdout
     with open(tmp_path / "report-rank0.json") as f:
-        ubs = {p["ub"] for p in json.load(f)["overlap"]["phases"]}
+        data = json.load(f)
+    ubs = {p["ub"] for p in data["overlap"]["phases"]}
     assert ubs == ({0, 1} if split else {None})
+    assert re.fullmatch(rf"{word}  \({rule}\)", data["dual_batch_overlap"])
+    assert f"dual-batch overlap: {word}  (" in (tmp_path / "report-rank0.txt").read_text()
     assert "dual-batch overlap" not in _run("run", "--tokens", "64").stdout
 
 
