@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # call2.sh cut to what 400 s of device time holds (2026-12-05, 12:20 UTC): the patch, its GPU
 # tests, and the probe (sweep, interleaved A/B, bit-equality, per-kernel times) at qwen3-30b
-# T=1 in bf16 and fp8; no bench rounds (write_winner.py runs on the CPU from probe.json).
+# T=1 in bf16 and fp8; no bench rounds; then write_winner.py from probe.json.
 # Files back (4): gpu-tests.txt, probe.json, probe-log.txt, winner.txt (and /tmp/cfg-pf stays
 # on the machine for call3-matrices.sh).
 set -u
