@@ -341,7 +341,7 @@ def _dbo_line(layer: Any, counts: list[int]) -> str | None:
     if not isinstance(layer.scheduler, DualBatchOverlapScheduler):
         return None
     decision = layer.scheduler.decide(layer, tuple(counts))
-    return (f"{'2 micro-batches' if decision.split else 'unsplit'}  ({decision.rule})")
+    return f"{'2 micro-batches' if decision.split else 'unsplit'}  ({decision.rule})"
 
 
 def _num_chunks(counts: list[int], max_num_tokens: int | None) -> int:

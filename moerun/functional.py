@@ -89,7 +89,7 @@ def _check(x, w13, w2, topk_weights, topk_ids, quant=None, *, scan_ids: bool) ->
     if len(devs) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-    if scan_ids and topk_ids.numel() and not capturing:  # skipped under CUDA-graph capture (a sync)
+    if scan_ids and topk_ids.numel() and not capturing:  # a sync: never under capture
         lo, hi = int(topk_ids.min()), int(topk_ids.max())  # NOTE: device->host sync
         if lo < -1 or hi >= e:
             raise ValueError(f"topk_ids must be in [-1, {e}) (-1 = skip), got range "
