@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from moerun._precision import exact_fp32
 from moerun.bench.shapes import BenchShape
 
 __all__ = ["Weights", "Fp8Weights", "Case", "make_weights", "make_fp8_weights", "draw_routing",
@@ -132,9 +133,7 @@ def reference_rows(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     inter = w13.shape[1] // 2
     out = torch.zeros(n, h, dtype=acc, device=x.device)
     ids = topk_ids.long()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with exact_fp32():
         xa = x.to(acc)
         for e in torch.unique(ids[ids >= 0]).tolist():  # NOTE: host sync (check only)
             hit = ids == e
@@ -143,6 +142,4 @@ def reference_rows(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             gate_up = xa[rows] @ w13[e].to(acc).t()
             act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
             out.index_add_(0, rows, (act @ w2[e].to(acc).t()) * w[:, None])
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     return out
