@@ -229,12 +229,13 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
         out = forward()
         wall_us = (time.perf_counter() - t0) * 1e6
         phases = {}
+        dbo = _dbo_line(layer, counts)
         trace_dir = getattr(args, "trace", None)
         if trace_dir is not None:  # every rank writes its own trace, reports and timeline
             if world_size > 1:
                 align_ranks_for_capture(group)
             files = write_trace_bundle(forward, layer, trace_dir, tag=f"rank{rank}",
-                                       counts=counts)
+                                       dbo=dbo)
             phases = files.pop("phases")
         elif rank == 0:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -251,7 +252,7 @@ def _run_rank(rank: int, world_size: int, group: Any, store: Any, *, args: argpa
         ref = reference_output(cfg, case)[lo:hi]
         res = {"rank": rank, "tokens": counts[rank], "err": rel_err(out.cpu(), ref),
                "report": str(layer.report), "phases": phases, "wall_us": wall_us,
-               "dbo": _dbo_line(layer, counts)}
+               "dbo": dbo}
         if cfg.quant is not None:  # the second FP8 bar: the unquantized fp64 layer
             res["err_unquantized"] = rel_err(out.cpu(), unquantized_reference(cfg, case)[lo:hi])
         if trace_dir is not None:
@@ -298,19 +299,18 @@ def align_ranks_for_capture(group: Any) -> None:
 
 
 def write_trace_bundle(forward: Any, layer: Any, out_dir: str, *, tag: str,
-                       title: str | None = None, counts: list[int] | None = None) -> dict:
+                       title: str | None = None, dbo: str | None = None) -> dict:
     """Capture ``forward()`` (one layer forward) and write ``trace-{tag}.json``,
     ``report-{tag}.txt`` / ``.json`` (resolution report + :func:`traces.overlap`) and
-    ``timeline-{tag}.png`` into ``out_dir``. With ``counts`` (the forward's rows per rank)
-    under the DBO scheduler, the reports also say what its split rule decided. Returns the
-    paths, the per-phase host times and the overlap figures. Host syncs: the profiler's."""
+    ``timeline-{tag}.png`` into ``out_dir``. ``dbo``: the DBO split decision's line
+    (:func:`_dbo_line`), written into both reports when given. Returns the paths, the
+    per-phase host times and the overlap figures. Host syncs: the profiler's."""
     import traces
 
     os.makedirs(out_dir, exist_ok=True)
     with _quiet_stderr():
         cap = traces.capture(forward, out_dir, name=f"trace-{tag}")
     rep = traces.overlap(cap.path)
-    dbo = None if counts is None else _dbo_line(layer, counts)
     txt = os.path.join(out_dir, f"report-{tag}.txt")
     with open(txt, "w") as f:
         f.write(f"{layer.report}\n")

@@ -151,7 +151,7 @@ class _CheckedArgs:
     device: str
 
 
-def _usage_error(args: argparse.Namespace) -> _CheckedArgs:
+def _check_args(args: argparse.Namespace) -> _CheckedArgs:
     """Check ``--dbo``'s flags before any work. Pure apart from the device probe."""
     from moerun.bench.device import device_of
     from moerun.bench.shapes import parse_tokens
@@ -186,7 +186,7 @@ def run_dbo_bench(args: argparse.Namespace, *, out=None, err=None) -> int:
     trace files."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    checked = _usage_error(args)
+    checked = _check_args(args)
     if checked.problem is not None:
         print(f"moerun bench: {checked.problem}", file=err)
         return 2
