@@ -181,12 +181,12 @@ def test_tune_plan_times_direct_configs_at_decode_points(tmp_path):
     pts = plan_points([shape], [1, 4, 16], torch.bfloat16, "NVIDIA_H200", tmp_path)
     by_t = {p.tokens: p for p in pts}
     for t in (1, 4):
-        assert t <= DIRECT_MAX_TOKENS and len(by_t[t].direct) == 21
+        assert t <= DIRECT_MAX_TOKENS and len(by_t[t].direct) == 42
         assert all(c.kernel == "direct" and c.block_m == 16 for c in by_t[t].direct)
-        assert sum(c.combine == "atomic" for c in by_t[t].direct) == 9  # the per-pair form
+        assert sum(c.combine == "atomic" for c in by_t[t].direct) == 18  # the per-pair form
         assert set(by_t[t].direct) <= set(compile_configs(by_t[t]))
         assert by_t[t].num_configs == (sum(c.size for c in by_t[t].candidate_sets)
-                                       + len(by_t[t].persistent) + 21 + 1)
+                                       + len(by_t[t].persistent) + 42 + 1)
     assert by_t[16].direct == ()
     fp8 = {p.tokens: p for p in plan_points([shape], [1, 16], FP8, "NVIDIA_H200", tmp_path)}
     assert len(fp8[1].direct) == 15 and fp8[16].direct == ()  # fp8_direct.py's configs

@@ -228,16 +228,20 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
 
 def direct_candidates(tokens: int) -> list[ExpertsConfig]:
     """The direct decode configs (``kernel="direct"``: no alignment, two launches) a point
-    of at most :data:`DIRECT_MAX_TOKENS` rows times as whole calls: gate/up tiles of 32-128
-    columns (``K * I / BN`` programs) by the per-token down (``combine="reduce"``: tiles of
-    16-64 columns, ``T * H / BN`` programs each streaming its token's K experts) and the
-    per-pair down (``"atomic"``: 64-128 columns, ``T * K * H / BN`` programs), 4 warps;
-    21 configs."""
+    of at most :data:`DIRECT_MAX_TOKENS` rows times as whole calls: gate/up tiles of 16-128
+    columns and 64-256-wide K steps (``K * I / BN`` programs) by the per-token down
+    (``combine="reduce"``: tiles of 16-64 columns, ``T * H / BN`` programs each streaming
+    its token's K experts) and the per-pair down (``"atomic"``: 64-128 columns,
+    ``T * K * H / BN`` programs), 4 warps; 42 configs (6 gate/up x 7 down)."""
     if tokens > DIRECT_MAX_TOKENS:
         return []
     G, D = GateUpConfig, DownConfig
     gate_ups = (G(block_n=32, block_k=128, num_stages=4), G(block_n=64, block_k=128, num_stages=4),
-                G(block_n=128, block_k=64, num_stages=4))
+                G(block_n=128, block_k=64, num_stages=4),
+                # 256-wide K steps: the grouped decode tile n32k256 streamed qwen3-235b's
+                # T=16 gate/up at its floor, n32k128 its T=1 at 0.88 (2026-12-02 breakdown)
+                G(block_n=32, block_k=256, num_stages=3), G(block_n=32, block_k=256, num_stages=2),
+                G(block_n=16, block_k=256, num_stages=4))
     per_token = (D(block_n=16, block_k=256, num_stages=4),
                  D(block_n=32, block_k=128, num_stages=4),
                  D(block_n=32, block_k=256, num_stages=4),
