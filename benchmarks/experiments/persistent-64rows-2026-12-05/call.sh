@@ -3,7 +3,11 @@
 # 64-rows-per-expert points into a copy of the shipped files. Files back: tune.txt, cfgp.tar.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name --format=csv,noheader
+NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $NAME"
+case "$NAME" in  # an H100: its own bf16 files instead (same session plan)
+  *H100*) exec bash benchmarks/experiments/h100-configs-2026-12-05/tune.sh bfloat16 480 ;;
+esac
 D=benchmarks/experiments/persistent-64rows-2026-12-05
 rm -rf /tmp/cfgp && cp -r moerun/backends/triton/configs /tmp/cfgp
 timeout 200 python3 $D/tune_low.py --shapes qwen3-30b-a3b,qwen3-235b-a22b --T 1024 \
