@@ -18,6 +18,7 @@ def _always(num_slots, top_k, tokens, elt=2):
 
 tp.persistent_candidates = _always
 
-from moerun.cli import main  # noqa: E402
+if __name__ == "__main__":  # the tuner's compile workers re-import this file (spawn)
+    from moerun.cli import main
 
-sys.exit(main(["tune", *sys.argv[1:]]))
+    sys.exit(main(["tune", *sys.argv[1:]]))
