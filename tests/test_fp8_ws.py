@@ -47,12 +47,15 @@ def test_ws_config_rule_and_json_round_trip():
 
 
 def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
-    """The ws kernels run the H200 fp8 files' prefill buckets where they were measured faster
-    (RESULTS, 2026-12-02 and 2026-12-05): every T=8192 and T=1024 bucket but deepseek-v3's
-    T=1024 (32 rows per expert), all with the carried 128-column gate/up tile (256 weight
-    rows) and, but at qwen3-235b-a22b T=1024, the carried 256-column down tile; in the
-    EP-local files (2026-12-05) the buckets from 2048 rows on, but qwen3-235b-ep8-local's
-    T=2048 (a grouped entry won there); T=32768 falls in bucket 16384."""
+    """The ws kernels run the fp8 files' prefill buckets where ``moerun tune`` measured them
+    faster. H200 (RESULTS, 2026-12-02 and 2026-12-05): every T=8192 and T=1024 bucket but
+    deepseek-v3's T=1024 (32 rows per expert), all with the carried 128-column gate/up tile
+    (256 weight rows) and, but at qwen3-235b-a22b T=1024, the carried 256-column down tile; in
+    the EP-local files the buckets from 2048 rows on, but qwen3-235b-ep8-local's T=2048 (a
+    grouped entry won there). H100 (tuned 2026-12-05 16:20 UTC): every T=8192 bucket (the
+    128-column down at deepseek-v3), mixtral's T=1024 and the same EP-local buckets; the
+    T=1024 buckets of the E=128/256 shapes kept grouped 64-row entries. T=32768 falls in
+    bucket 16384."""
     from moerun.backends.triton.configs import CONFIG_DIR, SMEM_LIMIT, load_config_file
 
     seen = {}
@@ -61,20 +64,25 @@ def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
         meta, entries = loaded.meta, loaded.entries
         for bucket, cfg in entries.items():
             if cfg.kernel == "ws":
-                assert meta["dtype"] == "float8_e4m3fn" and meta["device"] == "NVIDIA H200", f
+                assert meta["dtype"] == "float8_e4m3fn", f
                 # the grouped fallback with the same tiles compiles (fp8 operands, 1 byte)
                 assert cfg.gate_up.smem_bytes(128, 1) <= SMEM_LIMIT, (f, bucket)
-                seen[(meta["shape"]["name"], bucket)] = (cfg.gate_up.block_n,
-                                                         cfg.down.block_n)
-    assert seen == {("deepseek-v3", 8192): (128, 256), ("mixtral8x7b", 8192): (128, 256),
-                    ("qwen3-235b-a22b", 8192): (128, 256), ("qwen3-30b-a3b", 8192): (128, 256),
-                    ("mixtral8x7b", 1024): (128, 256), ("qwen3-30b-a3b", 1024): (128, 256),
-                    ("qwen3-235b-a22b", 1024): (128, 128),
-                    ("deepseek-v3-ep8-local", 2048): (128, 256),
-                    ("deepseek-v3-ep8-local", 8192): (128, 256),
-                    ("deepseek-v3-ep8-local", 16384): (128, 256),
-                    ("qwen3-235b-ep8-local", 8192): (128, 256),
-                    ("qwen3-235b-ep8-local", 16384): (128, 256)}
+                seen[(meta["device"], meta["shape"]["name"], bucket)] = (cfg.gate_up.block_n,
+                                                                         cfg.down.block_n)
+    ep_local = {("deepseek-v3-ep8-local", 2048): (128, 256),
+                ("deepseek-v3-ep8-local", 8192): (128, 256),
+                ("deepseek-v3-ep8-local", 16384): (128, 256),
+                ("qwen3-235b-ep8-local", 8192): (128, 256),
+                ("qwen3-235b-ep8-local", 16384): (128, 256)}
+    h200 = {("deepseek-v3", 8192): (128, 256), ("mixtral8x7b", 8192): (128, 256),
+            ("qwen3-235b-a22b", 8192): (128, 256), ("qwen3-30b-a3b", 8192): (128, 256),
+            ("mixtral8x7b", 1024): (128, 256), ("qwen3-30b-a3b", 1024): (128, 256),
+            ("qwen3-235b-a22b", 1024): (128, 128), **ep_local}
+    h100 = {("deepseek-v3", 8192): (128, 128), ("mixtral8x7b", 8192): (128, 256),
+            ("qwen3-235b-a22b", 8192): (128, 256), ("qwen3-30b-a3b", 8192): (128, 256),
+            ("mixtral8x7b", 1024): (128, 256), **ep_local}
+    assert seen == {**{("NVIDIA H200", *k): v for k, v in h200.items()},
+                    **{("NVIDIA H100 80GB HBM3", *k): v for k, v in h100.items()}}
 
 
 def test_ws_falls_back_to_the_grouped_kernels_off_sm90():
