@@ -8,7 +8,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 D=benchmarks/experiments/fp8-open-questions-2026-12-05
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null \
       | head -1)
-nvidia-smi --query-gpu=name --format=csv,noheader
+NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $NAME"
+case "$NAME" in *${REQUIRE:-}*) ;; *) echo "not a ${REQUIRE} card: stop"; exit 4 ;; esac
 timeout 80 python3 $D/timing_check.py --only decode --out $OUT/timing-decode.json \
     > $OUT/timing-log.txt 2>&1
 grep -v "^ *$" $OUT/timing-log.txt | cut -c1-400 | tail -8
