@@ -44,6 +44,14 @@ def test_ws_config_rule_and_json_round_trip():
             _ws_config(**kw)
     _ws_config(gate_up=GateUpConfig(block_n=64, block_k=128, num_stages=5),
                down=DownConfig(block_n=128, block_k=128, num_stages=5))  # 32 KB stages: 5 fit
+    # skip_padding: a ws knob, written only when set, named in the key
+    assert "skip_padding" not in cfg.to_json() and not cfg.skip_padding
+    skip = _ws_config(skip_padding=True)
+    assert skip.to_json()["skip_padding"] is True and skip.key().endswith("|ws skip")
+    assert ExpertsConfig.from_json(skip.to_json()) == skip
+    for kernel in ("grouped", "persistent"):
+        with pytest.raises(ValueError, match="skip_padding=True is a knob of kernel='ws'"):
+            _ws_config(kernel=kernel, skip_padding=True)
 
 
 def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
@@ -69,6 +77,11 @@ def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
                 assert cfg.gate_up.smem_bytes(128, 1) <= SMEM_LIMIT, (f, bucket)
                 seen[(meta["device"], meta["shape"]["name"], bucket)] = (cfg.gate_up.block_n,
                                                                          cfg.down.block_n)
+                # padding halves skipped only where an expert's rows fit one block (the
+                # 64-rows-per-expert buckets tuned with the skip; DECISIONS, "The ws
+                # consumers compute padding halves")
+                tpe = bucket * meta["shape"]["top_k"] / meta["shape"]["S"]
+                assert cfg.skip_padding == (tpe <= 64), (f.name, bucket)
     ep_local = {("deepseek-v3-ep8-local", 2048): (128, 256),
                 ("deepseek-v3-ep8-local", 8192): (128, 256),
                 ("deepseek-v3-ep8-local", 16384): (128, 256),
@@ -153,6 +166,28 @@ def test_ws_kernels_meet_both_bars(m, k, s, h, i, form):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("form", WS_FORMS)
+@pytest.mark.parametrize("m,k,s,h,i", [(500, 8, 64, 256, 256), (1500, 8, 16, 768, 256)])
+def test_ws_padding_halves_computed_or_skipped_give_the_same_bits(m, k, s, h, i, form):
+    """``skip_padding`` changes only what a consumer of 64 padding rows does (runs its K loop
+    on stale A buffers and stores into padding rows, or skips): the output is bit-equal
+    either way. (500, 8, 64): ~62 rows per expert, half the blocks half padding; (1500, 8,
+    16): ~750, several blocks per expert and a tail."""
+    from dataclasses import replace
+
+    from moerun.backends.triton.fp8 import run_experts_fp8
+
+    x, w13, s13, w2, s2, weights, ids = _problem(m, k, s, h, i, seed=6, device="cuda")
+    cfg = _form_config(form)
+    outs = [run_experts_fp8(x.bfloat16(), w13, w2, s13, s2, weights, ids,
+                            replace(cfg, skip_padding=skip), torch.bfloat16)
+            for skip in (False, True)]
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
 def test_ws_carried_forms_take_zero_weight_blocks():
     """A weight block of zero codes with scale 0 (an all-zero block quantized as some
     checkpoints do) is a zero scale product in the carried K loop: floored, so the result is
@@ -218,23 +253,28 @@ def test_tune_plans_ws_candidates_at_prefill_fp8_points(tmp_path):
     pts = {(p.shape.name, p.tokens): p
            for p in plan_points([mix, qwen, dsv3], [16, 1024, 8192], FP8, "NVIDIA H200",
                                 tmp_path)}
-    for key, want in {("mixtral8x7b", 16): 0, ("mixtral8x7b", 1024): 8,
-                      ("mixtral8x7b", 8192): 8, ("qwen3-235b-a22b", 1024): 8,
-                      ("qwen3-235b-a22b", 8192): 8, ("deepseek-v3", 1024): 0}.items():
+    for key, want in {("mixtral8x7b", 16): 0, ("mixtral8x7b", 1024): 10,
+                      ("mixtral8x7b", 8192): 10, ("qwen3-235b-a22b", 1024): 10,
+                      ("qwen3-235b-a22b", 8192): 10, ("deepseek-v3", 1024): 0}.items():
         ws = [c for c in pts[key].persistent if c.kernel == "ws"]
         assert len(ws) == want == len(pts[key].persistent), key
         assert all(c in compile_configs(pts[key]) for c in ws)
         assert all(c.gate_up.smem_bytes(128, 1) <= SMEM_LIMIT for c in ws)  # the fallback
     forms = {(c.gate_up.block_n, c.gate_up.num_stages, c.down.block_n, c.down.num_stages,
-              c.gate_up.group_m) for c in pts[("mixtral8x7b", 8192)].persistent}
+              c.gate_up.group_m) for c in pts[("mixtral8x7b", 8192)].persistent
+             if not c.skip_padding}
+    # the padding halves skipped: the two forms the 64-rows-per-expert buckets shipped with
+    assert {(c.gate_up.block_n, c.down.block_n, c.down.num_stages)
+            for c in pts[("mixtral8x7b", 8192)].persistent if c.skip_padding} == {
+                (128, 256, 3), (128, 128, 4)}
     # the 2026-12-05 A/B's winners and the promoted form shipped before them
     assert {(128, 4, 256, 3, 8), (128, 4, 256, 3, 16), (128, 4, 128, 4, 8),
             (64, 4, 128, 4, 8)} <= forms
-    # H = 384: the 256-column downs become the 4-stage 128-column one, and 4 configs are
+    # H = 384: the 256-column downs become the 4-stage 128-column one, and 5 configs are
     # left once duplicates go (the carried gate/up with 4 / 3 stages, its group_m=16 form,
-    # the promoted gate/up)
+    # the promoted gate/up, the first of them with the padding halves skipped)
     odd = fp8_ws_candidates(64, 8, 8192, 128 * 3)
-    assert len(odd) == 4 and len(set(odd)) == 4
+    assert len(odd) == 5 and len(set(odd)) == 5 and sum(c.skip_padding for c in odd) == 1
     assert all((c.down.block_n, c.down.num_stages) == (128, 4) for c in odd)
     bf16 = plan_points([mix], [8192], torch.bfloat16, "NVIDIA H200", tmp_path)
     assert not any(c.kernel == "ws" for c in bf16[0].persistent)

@@ -97,6 +97,19 @@ def test_ws_form_builds_for_sm90_at_its_most_stages(form, tmp_path):
     assert ptxas_report(ptx, tmp_path)[1] == 0
 
 
+@pytest.mark.parametrize("form", sorted(WGMMA))
+def test_ws_form_with_padding_halves_skipped_builds_for_sm90(form, tmp_path):
+    """``skip_padding=True`` (the kernels' ``EVERY_HALF=False``, last argument): the branch
+    that releases a padding half's stages unread builds too, with the same shared memory and
+    no spill, and differs from the default build (whose branch the constant folds away)."""
+    kernel, args = _build(form, 3)
+    skip = compile_sm90(kernel, (*args, False))
+    every = compile_sm90(kernel, args)
+    assert skip.metadata.shared == every.metadata.shared <= HOPPER_SMEM
+    assert skip.asm["ptx"] != every.asm["ptx"]
+    assert ptxas_report(skip.asm["ptx"], tmp_path)[1] == 0
+
+
 @pytest.mark.parametrize("form", ["carried_gate_up", "carried_down_split", "carried_down_full"])
 def test_one_stage_more_does_not_fit_a_256_row_tile(form):
     """The 256-row tiles' cap (and the full store's 3) is the shared-memory limit: one more

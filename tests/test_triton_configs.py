@@ -404,26 +404,26 @@ def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
     # rows per hit expert, FP8_WIDE_GROUP_TPE): 64f8 (14, plus the group_m=16 paired n256 w8
     # s3 / n128 w4 s4 and downs n256 w8 / n128 w4: 18) + 64 (10 + the 2 downs: 12) + 128f8
     # (2 paired n128 w8 x 3/4 stages; 6 down: n64 w4/w8, n128 w8 x 2/3 stages; the group_m=16
-    # tiles do not fit 128 rows) + 1 = 39, plus the 8 ws configs at >= 64 rows per hit
-    # expert (fp8_ws_candidates) = 47
+    # tiles do not fit 128 rows) + 1 = 39, plus the 10 ws configs at >= 64 rows per hit
+    # expert (fp8_ws_candidates) = 49
     assert got == [
         ("mixtral8x7b", "T=1", "mode=graph", "configs=28", "block_m=16"),
         ("mixtral8x7b", "T=16", "mode=graph", "configs=13", "block_m=16"),
         ("mixtral8x7b", "T=128", "mode=graph", "configs=37", "block_m=32,64f8,64"),
-        ("mixtral8x7b", "T=1024", "mode=graph", "configs=47", "block_m=64f8,64,128f8"),
-        ("mixtral8x7b", "T=8192", "mode=eager", "configs=47", "block_m=64f8,64,128f8"),
+        ("mixtral8x7b", "T=1024", "mode=graph", "configs=49", "block_m=64f8,64,128f8"),
+        ("mixtral8x7b", "T=8192", "mode=eager", "configs=49", "block_m=64f8,64,128f8"),
         ("deepseek-v3-ep8-local", "T=256", "mode=eager", "configs=37", "block_m=32,64f8,64"),
-        ("deepseek-v3-ep8-local", "T=2048", "mode=eager", "configs=47",
+        ("deepseek-v3-ep8-local", "T=2048", "mode=eager", "configs=49",
          "block_m=64f8,64,128f8"),
-        ("deepseek-v3-ep8-local", "T=8192", "mode=eager", "configs=47",
+        ("deepseek-v3-ep8-local", "T=8192", "mode=eager", "configs=49",
          "block_m=64f8,64,128f8"),
-        ("deepseek-v3-ep8-local", "T=32768", "mode=eager", "configs=47",
+        ("deepseek-v3-ep8-local", "T=32768", "mode=eager", "configs=49",
          "block_m=64f8,64,128f8")]
     files = [ln.rsplit("file=", 1)[1] for ln in out.splitlines() if ln.startswith("point ")]
     assert files == [str(tmp_path / MIXTRAL_FP8)] * 5 + [str(tmp_path / EP8_FP8)] * 4
     assert f'incumbent="tuned ({EP8_FP8})"' in out.splitlines()[5]
     assert all('incumbent="heuristic"' in ln for ln in out.splitlines()[:5])
-    assert out.splitlines()[-1] == f"plan: 9 points, {28 + 13 + 2 * 37 + 5 * 47} configs to time"
+    assert out.splitlines()[-1] == f"plan: 9 points, {28 + 13 + 2 * 37 + 5 * 49} configs to time"
     # the points carry the fp8 heuristic as the incumbent where no file has the bucket
     pts = plan_points([SHAPES["mixtral8x7b"]], [1], FP8, H200, tmp_path)
     assert pts[0].incumbent == fp8_default_config(8, 14336, 4096, 1, 2)

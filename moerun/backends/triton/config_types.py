@@ -107,6 +107,12 @@ class ExpertsConfig:
             the grouped fp8 kernels run the same tiles.
         programs: persistent programs per launch (0: the device's SM count); only with
             ``kernel="persistent"``.
+        skip_padding: only with ``kernel="ws"``: a consumer warp group whose 64 rows of a
+            block are all padding skips the tile's K loop (True), or runs it like a live one
+            and writes padding rows nothing reads (False, the default). Running it keeps
+            every tile of a launch the same length, so the programs that share a weight tile
+            stay in step and read it from L2 (docs/DECISIONS.md, "The ws consumers compute
+            padding halves"); skipping pays where an expert's rows fit one block.
     """
 
     block_m: int
@@ -115,6 +121,7 @@ class ExpertsConfig:
     combine: str = "reduce"
     kernel: str = "grouped"
     programs: int = 0
+    skip_padding: bool = False
 
     def __post_init__(self):
         if self.block_m not in (16, 32, 64, 128, 256):
@@ -152,6 +159,9 @@ class ExpertsConfig:
             raise ValueError("ExpertsConfig: warp_specialize=True is refused: Triton 3.6 on "
                              "sm90 gives wrong results for it (docs/DECISIONS.md, 'No warp "
                              "specialization'); leave it False")
+        if self.skip_padding and self.kernel != "ws":
+            raise ValueError("ExpertsConfig.skip_padding=True is a knob of kernel='ws' (the "
+                             "fp8 Gluon kernels); leave it False for other kernels")
         if self.programs < 0 or (self.programs and self.kernel != "persistent"):
             raise ValueError(f"ExpertsConfig.programs={self.programs!r}: >= 0, and only with "
                              "kernel='persistent'")
@@ -165,7 +175,7 @@ class ExpertsConfig:
             for f in _OPTIONAL_FIELDS:
                 if f in d[part] and d[part][f] == _field_default(cls, f):
                     del d[part][f]
-        for f in ("kernel", "programs"):
+        for f in ("kernel", "programs", "skip_padding"):
             if d[f] == _field_default(ExpertsConfig, f):
                 del d[f]
         return d
@@ -177,7 +187,8 @@ class ExpertsConfig:
         ``__init__`` does)."""
         return cls(block_m=int(d["block_m"]), gate_up=GateUpConfig(**d["gate_up"]),
                    down=DownConfig(**d["down"]), combine=d.get("combine", "reduce"),
-                   kernel=d.get("kernel", "grouped"), programs=int(d.get("programs", 0)))
+                   kernel=d.get("kernel", "grouped"), programs=int(d.get("programs", 0)),
+                   skip_padding=bool(d.get("skip_padding", False)))
 
     def key(self) -> str:
         """A short stable name (for tables and logs). Pure."""
@@ -191,7 +202,7 @@ class ExpertsConfig:
                                                  ("A", getattr(c, "a_tma", False))) if on)
             key += f"|persistent p{self.programs} gu{flags(g) or '-'} dn{flags(d) or '-'}"
         elif self.kernel in ("direct", "ws"):
-            key += f"|{self.kernel}"
+            key += f"|{self.kernel}{' skip' if self.skip_padding else ''}"
         return key
 
 

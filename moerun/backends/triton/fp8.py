@@ -365,7 +365,8 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
                                   down_cols=cfg.down.block_n,
                                   gate_up_stages=cfg.gate_up.num_stages,
                                   down_stages=cfg.down.num_stages,
-                                  group_m=cfg.gate_up.group_m, out_dtype=out_dtype)
+                                  group_m=cfg.gate_up.group_m, out_dtype=out_dtype,
+                                  skip_padding=cfg.skip_padding)
     if cfg.kernel == "direct":  # decode: 2 launches, no alignment (fp8_direct.py)
         from moerun.backends.triton.fp8_direct import run_experts_fp8_direct
 

@@ -42,7 +42,11 @@ The call (:func:`run_experts_fp8_ws`), 5 or 6 device steps, no host sync, captur
    wrote.
 
 A consumer whose 64 rows are all padding (an expert's last block holding at most 64 pairs)
-issues no wgmma and only releases the stages, and the loader copies no A rows for it.
+gets no A rows from the loader. By default (``skip_padding=False``) it runs the K loop
+anyway, on whatever its A buffers hold, and stores into padding rows, which nothing reads
+(down's routing weight there is 0 and ``moe_sum`` reads pair rows only): every tile then
+takes the same time, and the programs that share a weight tile stay in step. With
+``skip_padding=True`` it issues no wgmma and only releases the stages (``skip_steps``).
 In the promoted kernels (this module) each wgmma's C operand is the previous step's (already
 used) result, so ``use_acc=False`` costs no register copy. Needs CUDA sm90, ``H % 128 == 0``
 and ``I % 128 == 0`` (checked by the fp8 path); the kernels compile on a CPU for sm90 (no
@@ -131,7 +135,7 @@ def _gate_up_pass(a_bufs, b_bufs, ready, empty, d, c, sa_p, gs_p, us_p, k_tiles,
 
 @gluon.jit
 def _gate_up_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                      GROUP_M: gl.constexpr):
+                      GROUP_M: gl.constexpr, EVERY_HALF: gl.constexpr):
     """Consumer warp group ``W`` of :func:`_gate_up_kernel` (``args``: that kernel's tuple,
     the same for both groups)."""
     (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr, sorted_ids_ptr,
@@ -150,7 +154,7 @@ def _gate_up_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.conste
         pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
         off_n = pid_n * BN
-        if gl.load(sorted_ids_ptr + off_m) < num_pairs:
+        if (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF:  # see skip_steps
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             rows2 = (off_m + gl.arange(0, HALFC, gl.SliceLayout(1, mma2))).to(gl.int64)
             sa_p = as_ptr + rows2 * stride_as  # the K loop's layout (N = 2 BN)
@@ -170,7 +174,7 @@ def _gate_up_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.conste
 
 @gluon.jit
 def _down_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                   GROUP_M: gl.constexpr):
+                   GROUP_M: gl.constexpr, EVERY_HALF: gl.constexpr):
     """Consumer warp group ``W`` of :func:`_down_kernel` (``args``: that kernel's tuple, the
     same for both groups)."""
     (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_ptr,
@@ -187,7 +191,7 @@ def _down_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
-        if gl.load(sorted_ids_ptr + off_m) < num_pairs:
+        if (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF:  # see skip_steps
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             off_n = pid_n * BN
             rows = off_m + gl.arange(0, HALFC, rows_l)
@@ -227,7 +231,8 @@ def _down_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr
 @gluon.jit
 def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr,
                     num_post_ptr, num_pairs, inter, hidden, stride_as, stride_wse, stride_wsn,
-                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                    EVERY_HALF: gl.constexpr = True):
     a_bufs, b_bufs, ready, empty = stage_ring(a_desc, b_desc, STAGES, 2 * BN)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, 64, BN], c_desc.layout)
     grid_n = inter // BN
@@ -240,8 +245,8 @@ def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, sorted_ids_ptr, expe
             expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, stride_as, stride_wse,
             stride_wsn, inter_blocks)
     gl.warp_specialize([
-        (_gate_up_consumer, (args, WG0, BN, STAGES, GROUP_M)),
-        (_gate_up_consumer, (args, WG1, BN, STAGES, GROUP_M)),
+        (_gate_up_consumer, (args, WG0, BN, STAGES, GROUP_M, EVERY_HALF)),
+        (_gate_up_consumer, (args, WG1, BN, STAGES, GROUP_M, EVERY_HALF)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
                   BN, STAGES, GROUP_M, GU)),
@@ -251,7 +256,8 @@ def _gate_up_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, sorted_ids_ptr, expe
 @gluon.jit
 def _down_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_ptr,
                 expert_ids_ptr, num_post_ptr, hidden, inter, stride_as, stride_wse, stride_wsn,
-                num_pairs, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+                num_pairs, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                EVERY_HALF: gl.constexpr = True):
     a_bufs, b_bufs, ready, empty = stage_ring(a_desc, b_desc, STAGES, BN)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, 64, BN], c_desc.layout)
     grid_n = hidden // BN
@@ -263,8 +269,8 @@ def _down_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_
             ws_ptr, expert_ids_ptr, num_post_ptr, grid_n, k_tiles, stride_as, stride_wse,
             stride_wsn, num_pairs)
     gl.warp_specialize([
-        (_down_consumer, (args, WG0, BN, STAGES, GROUP_M)),
-        (_down_consumer, (args, WG1, BN, STAGES, GROUP_M)),
+        (_down_consumer, (args, WG0, BN, STAGES, GROUP_M, EVERY_HALF)),
+        (_down_consumer, (args, WG1, BN, STAGES, GROUP_M, EVERY_HALF)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
                   STAGES, GROUP_M, GU)),
@@ -275,7 +281,8 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
                        w13_scale: torch.Tensor, w2_scale: torch.Tensor,
                        topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                        gate_up_cols: int, down_cols: int, gate_up_stages: int,
-                       down_stages: int, group_m: int, out_dtype: torch.dtype) -> torch.Tensor:
+                       down_stages: int, group_m: int, out_dtype: torch.dtype,
+                       skip_padding: bool = False) -> torch.Tensor:
     """``out[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` through the Gluon kernels.
 
     ``x [M, H]`` in ``out_dtype`` (fp16/bf16) or :class:`QuantizedRows`; ``w13 [S, 2I, H]`` /
@@ -283,7 +290,9 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     block scales; ``topk_ids [M, K]`` int32 contiguous (``-1`` skipped), ``topk_weights
     [M, K]`` fp32 contiguous. ``gate_up_cols`` 64 or 128 and ``down_cols`` 128 or 256 pick
     the forms (module docstring; 256 needs ``H % 256 == 0``); stages at most
-    ``config_types.WS_MAX_STAGES`` of the tile's weight rows. Returns ``[M, H]``
+    ``config_types.WS_MAX_STAGES`` of the tile's weight rows; ``skip_padding``
+    (``ExpertsConfig.skip_padding``): a consumer whose 64 rows are all padding skips its K
+    loop, else it runs it and writes padding rows nothing reads. Returns ``[M, H]``
     ``out_dtype``. 7 to 9 launches: the quantization unless given, the alignment (one kernel,
     plus its counters' memset where it runs on several programs), the two gathers (codes,
     scales), gate/up, the intermediate's quantization (64 columns only), down, the sum;
@@ -328,6 +337,7 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     gathered = gather_rows_fp8(q, align, k)
     g, pair_rows = gathered.rows, gathered.pair_rows
     r = sid.numel()
+    every = not skip_padding
     grid = (sm_count(dev.index if dev.index is not None else torch.cuda.current_device()),)
     gu_w = tma_desc(w13.view(s * two_i, h), [gate_up_cols, 128])
     if gate_up_cols == 128:  # carried: e4m3 and scales out of the epilogue
@@ -337,13 +347,13 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
             tma_desc(g.data, [64, 128]), gu_w, tma_desc(qa, [64, 128]), g.scale, w13_scale, qa_s,
             sid, align.expert_ids, align.num_post, p, inter, h, g.scale.stride(0),
             w13_scale.stride(0), w13_scale.stride(1), qa_s.stride(0), gate_up_stages, group_m,
-            1 if out_dtype == torch.float16 else 2, num_warps=4)
+            1 if out_dtype == torch.float16 else 2, every, num_warps=4)
     else:
         act = torch.empty(r, inter, device=dev, dtype=out_dtype)
         _gate_up_kernel[grid](
             tma_desc(g.data, [64, 128]), gu_w, tma_desc(act, [64, 64]), g.scale, w13_scale, sid,
             align.expert_ids, align.num_post, p, inter, h, g.scale.stride(0),
-            w13_scale.stride(0), w13_scale.stride(1), 64, gate_up_stages, group_m,
+            w13_scale.stride(0), w13_scale.stride(1), 64, gate_up_stages, group_m, every,
             num_warps=4)
         iq = quantize_rows_fp8(act)
         qa, qa_s = iq.data, iq.scale
@@ -355,11 +365,11 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
         down_carry_kernel[grid](
             a_desc, dn_w, tma_desc(y, [64, 128 if split else 256]), topk_weights, sid, qa_s,
             w2_scale, align.expert_ids, align.num_post, h, inter, qa_s.stride(0),
-            w2_scale.stride(0), w2_scale.stride(1), p, down_stages, group_m, split,
+            w2_scale.stride(0), w2_scale.stride(1), p, down_stages, group_m, split, every,
             num_warps=4)
     else:
         _down_kernel[grid](
             a_desc, dn_w, tma_desc(y, [64, 128]), topk_weights, sid, qa_s, w2_scale,
             align.expert_ids, align.num_post, h, inter, qa_s.stride(0), w2_scale.stride(0),
-            w2_scale.stride(1), p, 128, down_stages, group_m, num_warps=4)
+            w2_scale.stride(1), p, 128, down_stages, group_m, every, num_warps=4)
     return moe_sum(y, topk_ids, s, rows=pair_rows)

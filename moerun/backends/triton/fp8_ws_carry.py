@@ -117,7 +117,7 @@ def _carried_k_loop(a_bufs, b_bufs, ready, empty, acc, c, sa_p, s0_p, s1_p, k_ti
 
 @gluon.jit
 def _gate_up_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr,
-                            GROUP_M: gl.constexpr, MID: gl.constexpr):
+                            GROUP_M: gl.constexpr, MID: gl.constexpr, EVERY_HALF: gl.constexpr):
     """Consumer warp group ``W`` of :func:`gate_up_carry_kernel` (``args``: that kernel's
     tuple, the same for both groups)."""
     (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, ws_ptr, qs_ptr, sorted_ids_ptr,
@@ -134,7 +134,7 @@ def _gate_up_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr,
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
-        if gl.load(sorted_ids_ptr + off_m) < num_pairs:
+        if (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF:  # see skip_steps
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             rows = (off_m + gl.arange(0, HALFC, rows_l)).to(gl.int64)
             gs_p = ws_ptr + expert * stride_wse + pid_n * stride_wsn  # the gate block
@@ -161,7 +161,7 @@ def _gate_up_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr,
 
 @gluon.jit
 def _down_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                         SPLIT: gl.constexpr):
+                         SPLIT: gl.constexpr, EVERY_HALF: gl.constexpr):
     """Consumer warp group ``W`` of :func:`down_carry_kernel` (``args``: that kernel's tuple,
     the same for both groups)."""
     (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_ptr,
@@ -178,7 +178,7 @@ def _down_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr, GROUP_M: g
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
-        if gl.load(sorted_ids_ptr + off_m) < num_pairs:
+        if (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF:  # see skip_steps
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             off_n = pid_n * BN
             rows = off_m + gl.arange(0, HALFC, rows_l)
@@ -215,7 +215,8 @@ def _down_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr, GROUP_M: g
 def gate_up_carry_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_ids_ptr,
                          expert_ids_ptr, num_post_ptr, num_pairs, inter, hidden, stride_as,
                          stride_wse, stride_wsn, stride_qs, STAGES: gl.constexpr,
-                         GROUP_M: gl.constexpr, MID: gl.constexpr):
+                         GROUP_M: gl.constexpr, MID: gl.constexpr,
+                         EVERY_HALF: gl.constexpr = True):
     """Per (block, 128 intermediate columns): e4m3 ``[R, I]`` and fp32 ``[R, I/128]`` scales
     out (``c_desc`` block ``[64, 128]``; ``b_desc`` block ``[128, 128]`` of ``w13`` viewed
     ``[S*2I, H]``). Grid: one program per SM.
@@ -234,8 +235,8 @@ def gate_up_carry_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_
             sorted_ids_ptr, expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles,
             stride_as, stride_wse, stride_wsn, stride_qs, inter_blocks)
     gl.warp_specialize([
-        (_gate_up_carry_consumer, (args, WG0, STAGES, GROUP_M, MID)),
-        (_gate_up_carry_consumer, (args, WG1, STAGES, GROUP_M, MID)),
+        (_gate_up_carry_consumer, (args, WG0, STAGES, GROUP_M, MID, EVERY_HALF)),
+        (_gate_up_carry_consumer, (args, WG1, STAGES, GROUP_M, MID, EVERY_HALF)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, 2 * inter, inter,
                   BN, STAGES, GROUP_M, GU)),
@@ -246,7 +247,7 @@ def gate_up_carry_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_
 def down_carry_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_ptr,
                       expert_ids_ptr, num_post_ptr, hidden, inter, stride_as, stride_wse,
                       stride_wsn, num_pairs, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                      SPLIT: gl.constexpr):
+                      SPLIT: gl.constexpr, EVERY_HALF: gl.constexpr = True):
     """Per (block, 256 hidden columns): ``y [R, H]`` rows in aligned order (``c_desc`` block
     ``[64, 128]`` with ``SPLIT``, else ``[64, 256]``; ``b_desc`` block ``[256, 128]`` of
     ``w2`` viewed ``[S*H, I]``). Grid: one program per SM.
@@ -265,8 +266,8 @@ def down_carry_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr
             ws_ptr, expert_ids_ptr, num_post_ptr, grid_n, k_tiles, stride_as, stride_wse,
             stride_wsn, num_pairs)
     gl.warp_specialize([
-        (_down_carry_consumer, (args, WG0, STAGES, GROUP_M, SPLIT)),
-        (_down_carry_consumer, (args, WG1, STAGES, GROUP_M, SPLIT)),
+        (_down_carry_consumer, (args, WG0, STAGES, GROUP_M, SPLIT, EVERY_HALF)),
+        (_down_carry_consumer, (args, WG1, STAGES, GROUP_M, SPLIT, EVERY_HALF)),
         (loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr,
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
                   STAGES, GROUP_M, GU)),

@@ -105,7 +105,8 @@ def loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr, expert_
 
 @gluon.jit
 def skip_steps(ready, empty, c, steps, STAGES: gl.constexpr):
-    """A consumer whose 64 rows are all padding: release ``steps`` stages unread.
+    """A consumer whose 64 rows are all padding, with ``skip_padding``: release ``steps``
+    stages unread.
 
     Device code (inlined into its caller's kernel); side effects: mbarrier waits and arrivals."""
     for _ in range(steps):

@@ -14,7 +14,7 @@ space and the file round trip on a CPU. Legend: ``S`` local slots (the bench sha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -267,8 +267,10 @@ def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int,
     (256 weight rows, quantized in the epilogue) with the carried 256-column down tile (3 or
     4 stages, ``group_m`` 8 or 16, 3 gate/up stages) and with the promoted 128-column down
     tile, and the promoted 64-column gate/up tile (the intermediate quantized after) with
-    either down; 8 configs (the 256-column downs become 128 where ``hidden % 256``, then
-    duplicates go). The winners of the same-run A/B of 2026-12-05 are among them. Off sm90
+    either down, all with the padding halves computed (``skip_padding=False``); and the
+    first and the 128-column-down one again with them skipped; 10 configs (the 256-column
+    downs become 128 where ``hidden % 256``, then duplicates go). The winners of the same-run A/B of
+    2026-12-05 are among them. Off sm90
     they time the grouped kernels with the same tiles (the fallback). Pure; host only."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
@@ -289,6 +291,13 @@ def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int,
             combine="reduce", kernel="ws")
         if cfg not in out:
             out.append(cfg)
+    # the padding halves skipped, for the two forms the 64-rows-per-expert points shipped
+    # with (where an expert's rows fit one block, a skipped half drifts no partner)
+    shipped_forms = [out[0]] + [c for c in out if (c.gate_up.block_n, c.down.block_n,
+                                                   c.down.num_stages) == (128, 128, 4)][:1]
+    for cfg in shipped_forms:
+        if replace(cfg, skip_padding=True) not in out:
+            out.append(replace(cfg, skip_padding=True))
     return out
 
 
