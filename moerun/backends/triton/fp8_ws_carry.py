@@ -219,7 +219,8 @@ def gate_up_carry_kernel(a_desc, b_desc, c_desc, as_ptr, ws_ptr, qs_ptr, sorted_
                          EVERY_HALF: gl.constexpr = True):
     """Per (block, 128 intermediate columns): e4m3 ``[R, I]`` and fp32 ``[R, I/128]`` scales
     out (``c_desc`` block ``[64, 128]``; ``b_desc`` block ``[128, 128]`` of ``w13`` viewed
-    ``[S*2I, H]``). Grid: one program per SM.
+    ``[S*2I, H]``). ``EVERY_HALF``: a consumer of 64 padding rows runs its K loop too (not
+    ``ExpertsConfig.skip_padding``). Grid: one program per SM.
 
     Gluon kernel; launched by ``fp8_ws.run_experts_fp8_ws`` on the current stream."""
     BN: gl.constexpr = 128
@@ -250,7 +251,8 @@ def down_carry_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr
                       SPLIT: gl.constexpr, EVERY_HALF: gl.constexpr = True):
     """Per (block, 256 hidden columns): ``y [R, H]`` rows in aligned order (``c_desc`` block
     ``[64, 128]`` with ``SPLIT``, else ``[64, 256]``; ``b_desc`` block ``[256, 128]`` of
-    ``w2`` viewed ``[S*H, I]``). Grid: one program per SM.
+    ``w2`` viewed ``[S*H, I]``). ``EVERY_HALF`` as :func:`gate_up_carry_kernel`. Grid: one
+    program per SM.
 
     Gluon kernel; launched by ``fp8_ws.run_experts_fp8_ws`` on the current stream."""
     BN: gl.constexpr = 256
