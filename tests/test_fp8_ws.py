@@ -60,9 +60,10 @@ def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
     deepseek-v3's T=1024 (32 rows per expert), all with the carried 128-column gate/up tile
     (256 weight rows) and, but at qwen3-235b-a22b T=1024, the carried 256-column down tile; in
     the EP-local files the buckets from 2048 rows on, but qwen3-235b-ep8-local's T=2048 (a
-    grouped entry won there). H100 (tuned 2026-12-05 16:20 UTC): every T=8192 bucket (the
-    128-column down at deepseek-v3), mixtral's T=1024 and the same EP-local buckets; the
-    T=1024 buckets of the E=128/256 shapes kept grouped 64-row entries. T=32768 falls in
+    grouped entry won there). H100 (tuned 2026-12-05 16:20 UTC; deepseek-v3 T=8192 and
+    mixtral T=1024 again at 18:15 UTC, with the padding halves computed): every T=8192
+    bucket, mixtral's T=1024 and the same EP-local buckets; the T=1024 buckets of the
+    E=128/256 shapes kept grouped 64-row entries. T=32768 falls in
     bucket 16384."""
     from moerun.backends.triton.configs import CONFIG_DIR, SMEM_LIMIT, load_config_file
 
@@ -91,7 +92,7 @@ def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
             ("qwen3-235b-a22b", 8192): (128, 256), ("qwen3-30b-a3b", 8192): (128, 256),
             ("mixtral8x7b", 1024): (128, 256), ("qwen3-30b-a3b", 1024): (128, 256),
             ("qwen3-235b-a22b", 1024): (128, 128), **ep_local}
-    h100 = {("deepseek-v3", 8192): (128, 128), ("mixtral8x7b", 8192): (128, 256),
+    h100 = {("deepseek-v3", 8192): (128, 256), ("mixtral8x7b", 8192): (128, 256),
             ("qwen3-235b-a22b", 8192): (128, 256), ("qwen3-30b-a3b", 8192): (128, 256),
             ("mixtral8x7b", 1024): (128, 256), **ep_local}
     assert seen == {**{("NVIDIA H200", *k): v for k, v in h200.items()},
