@@ -70,6 +70,7 @@ from moerun.backends.triton.config_types import WS_MAX_STAGES
 from moerun.backends.triton.fp8_ws_parts import (
     LOAD_REGS,
     MMA_REGS,
+    half_runs,
     loader,
     skip_steps,
     sm_count,
@@ -154,7 +155,7 @@ def _gate_up_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.conste
         pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
         off_n = pid_n * BN
-        if (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF:  # see skip_steps
+        if half_runs(sorted_ids_ptr, off_m, num_pairs, EVERY_HALF):
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             rows2 = (off_m + gl.arange(0, HALFC, gl.SliceLayout(1, mma2))).to(gl.int64)
             sa_p = as_ptr + rows2 * stride_as  # the K loop's layout (N = 2 BN)
@@ -191,7 +192,7 @@ def _down_consumer(args, W: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
-        if (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF:  # see skip_steps
+        if half_runs(sorted_ids_ptr, off_m, num_pairs, EVERY_HALF):
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             off_n = pid_n * BN
             rows = off_m + gl.arange(0, HALFC, rows_l)

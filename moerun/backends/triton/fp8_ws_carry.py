@@ -46,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from moerun.backends.triton.fp8_ws_parts import (
     LOAD_REGS,
     MMA_REGS,
+    half_runs,
     loader,
     skip_steps,
     stage_ring,
@@ -134,7 +135,7 @@ def _gate_up_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr,
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
-        if (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF:  # see skip_steps
+        if half_runs(sorted_ids_ptr, off_m, num_pairs, EVERY_HALF):
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             rows = (off_m + gl.arange(0, HALFC, rows_l)).to(gl.int64)
             gs_p = ws_ptr + expert * stride_wse + pid_n * stride_wsn  # the gate block
@@ -178,7 +179,7 @@ def _down_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr, GROUP_M: g
     for t in range(gl.program_id(0), grid_m * grid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_of(t, grid_m, grid_n, GROUP_M)
         off_m = pid_m * BMC + W * HALFC
-        if (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF:  # see skip_steps
+        if half_runs(sorted_ids_ptr, off_m, num_pairs, EVERY_HALF):
             expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
             off_n = pid_n * BN
             rows = off_m + gl.arange(0, HALFC, rows_l)

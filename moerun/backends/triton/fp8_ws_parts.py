@@ -17,8 +17,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["LOAD_REGS", "MMA_REGS", "loader", "skip_steps", "sm_count", "stage_ring", "tile_of",
-           "tma_desc"]
+__all__ = ["LOAD_REGS", "MMA_REGS", "half_runs", "loader", "skip_steps", "sm_count",
+           "stage_ring", "tile_of", "tma_desc"]
 
 #: Registers per consumer thread (setmaxnreg) and per loader thread.
 MMA_REGS = gl.constexpr(232)
@@ -101,6 +101,18 @@ def loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sorted_ids_ptr, expert_
             else:
                 tma.async_copy_global_to_shared(b_desc, [off_w, i * 128], bar, b_bufs.index(s))
             c += 1
+
+
+@gluon.jit
+def half_runs(sorted_ids_ptr, off_m, num_pairs, EVERY_HALF: gl.constexpr):
+    """Whether the consumer of the 64 aligned rows from ``off_m`` runs the tile's K loop:
+    always with ``EVERY_HALF`` (``ExpertsConfig.skip_padding=False``: every tile then takes
+    the same time, and the stores of an all-padding half land in rows nothing reads), else
+    only when its first row holds a pair (rows fill from the block's row 0); a consumer that
+    does not run releases the stages through :func:`skip_steps`.
+
+    Device code (inlined into its caller's kernel); one scalar load."""
+    return (gl.load(sorted_ids_ptr + off_m) < num_pairs) | EVERY_HALF
 
 
 @gluon.jit
