@@ -268,10 +268,10 @@ def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int,
     4 stages, ``group_m`` 8 or 16, 3 gate/up stages) and with the promoted 128-column down
     tile, and the promoted 64-column gate/up tile (the intermediate quantized after) with
     either down, all with the padding halves computed (``skip_padding=False``); and the
-    first and the 128-column-down one again with them skipped; 10 configs (the 256-column
-    downs become 128 where ``hidden % 256``, then duplicates go). The winners of the same-run A/B of
-    2026-12-05 are among them. Off sm90
-    they time the grouped kernels with the same tiles (the fallback). Pure; host only."""
+    first and the first carried gate/up with the 128-column down again with them skipped;
+    10 configs (the 256-column downs become 128 where ``hidden % 256``, then duplicates go).
+    The winners of the same-run A/B of 2026-12-05 are among them. Off sm90 they time the
+    grouped kernels with the same tiles (the fallback). Pure; host only."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
     if pairs / hit < FP8_WS_MIN_TPE:
@@ -292,13 +292,10 @@ def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int,
         if cfg not in out:
             out.append(cfg)
     # the padding halves skipped, for the two forms the 64-rows-per-expert points shipped
-    # with (where an expert's rows fit one block, a skipped half drifts no partner)
-    shipped_forms = [out[0]] + [c for c in out if (c.gate_up.block_n, c.down.block_n,
-                                                   c.down.num_stages) == (128, 128, 4)][:1]
-    for cfg in shipped_forms:
-        if replace(cfg, skip_padding=True) not in out:
-            out.append(replace(cfg, skip_padding=True))
-    return out
+    # with (where an expert's rows fit one block, a skipped half drifts no partner); one
+    # form where an odd H made them the same
+    down128 = next(c for c in out if (c.gate_up.block_n, c.down.block_n) == (128, 128))
+    return out + [replace(c, skip_padding=True) for c in dict.fromkeys((out[0], down128))]
 
 
 def fp8_direct_candidates(tokens: int) -> list[ExpertsConfig]:
