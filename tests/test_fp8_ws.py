@@ -59,7 +59,7 @@ def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
     faster. H200 (RESULTS, 2026-12-02 and 2026-12-05): every T=8192 and T=1024 bucket but
     deepseek-v3's T=1024 (32 rows per expert), all with the carried 128-column gate/up tile
     (256 weight rows) and the carried 256-column down tile (qwen3-235b-a22b T=1024 took it in
-    the re-tune of 2026-12-05 19:27 UTC, with the padding halves computed elsewhere); in
+    the H200 re-tune of 2026-12-05, about 19:21 UTC; it keeps the padding skip); in
     the EP-local files the buckets from 2048 rows on, but qwen3-235b-ep8-local's T=2048 (a
     grouped entry won there). H100 (tuned 2026-12-05 16:20 UTC; deepseek-v3 T=8192 and
     mixtral T=1024 again at 18:15 UTC, with the padding halves computed): every T=8192
