@@ -65,7 +65,8 @@ def main() -> None:
         calls = {}
         for dtype in ("bf16", "fp8"):
             for r, rts in routes.items():
-                def fn(j, dtype=dtype, rts=rts):
+                def fn(j, dtype=dtype, rts=rts, x=x, d13=d13, d2=d2, w13=w13, w2=w2, eq=eq,
+                       shape=shape):  # this cell's tensors, bound now (the loop deletes them)
                     w, ids = rts[j % 4]
                     if dtype == "bf16":
                         return be.run_experts(x, d13, d2, w, ids)
