@@ -266,7 +266,8 @@ def test_every_shipped_persistent_entry_is_in_the_tuners_space():
 
 def test_tune_finalists_are_the_close_ones_fastest_first():
     """Step 4 of ``moerun tune``: the whole calls within 4 % of the fastest (each config once,
-    at its best timing; failed timings out), at most 4, fastest first."""
+    at its best timing; failed timings out), at most 4, fastest first; then the incumbent,
+    wherever it was timed."""
     from moerun.backends.triton.tune import FINAL_MAX, FINAL_WITHIN, finalists
 
     cfgs = [ExpertsConfig(block_m=16, gate_up=GateUpConfig(block_n=n, block_k=128),
@@ -281,6 +282,12 @@ def test_tune_finalists_are_the_close_ones_fastest_first():
     assert finalists(timed, within=0.05, most=2) == [b, a]
     assert finalists([(float("nan"), a)]) == [] and finalists([]) == []
     assert finalists([(50.0, a)]) == [a]  # one finalist: nothing to re-time
+    # the incumbent is re-timed however far behind, once, and only if it was timed
+    assert finalists(timed, keep=c) == [b, a, e, c]
+    assert finalists(timed, keep=a) == [b, a, e]
+    assert finalists(timed, within=0.05, most=2, keep=c) == [b, a, c]
+    assert finalists(timed, keep=d) == [b, a, e]  # its timing failed
+    assert finalists([(50.0, a), (80.0, b)], keep=b) == [a, b]  # a far-ahead one re-timed
 
 
 def test_tune_keeps_the_incumbent_unless_a_finalist_beats_it_by_the_margin():

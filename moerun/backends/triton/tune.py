@@ -31,11 +31,14 @@ Per point (shape, T) at most :data:`~moerun.backends.triton.tune_plan.MAX_CONFIG
 2. with the best gate/up tile: whole calls for each down tile x combine candidate;
 3. the file's current entry for the point (the incumbent), timed the same way;
 4. on CUDA, the finalists -- the whole calls within :data:`FINAL_WITHIN` of the fastest, at
-   most :data:`FINAL_MAX`, the incumbent among them when it is that close -- timed again
+   most :data:`FINAL_MAX`, plus the incumbent wherever it was timed -- timed again
    :data:`FINAL_ROUNDS` times, interleaved (A B C A B C ...), each finalist's time the median
    of its rounds. One config timed twice in one run read 1.4-3.3 % apart at eager
    prefill points (H200, 2026-12-02), as far apart as most configs there, so a single
-   timing picks a winner partly by noise.
+   timing picks a winner partly by noise. The incumbent is re-timed even when it is not
+   close: otherwise a challenger that reads far ahead once replaces a measured entry on that
+   one timing (an EP-local ws point read 385 µs once against 438-794 for its siblings and
+   519 for the incumbent, H200, 2026-12-05).
 
 The fastest whole call (the fastest finalist where there are two or more) wins and replaces
 the entry, except that an incumbent among the finalists is kept unless a challenger's median
@@ -79,10 +82,11 @@ KEEP_MARGIN = 0.01
 
 
 def finalists(timed: list[tuple[float, object]], *, within: float = FINAL_WITHIN,
-              most: int = FINAL_MAX) -> list:
+              most: int = FINAL_MAX, keep=None) -> list:
     """The configs of ``timed`` (``(µs, config)`` whole-call timings; NaN for a failed one)
     within ``within`` of the fastest, fastest first, each config once (its best timing),
-    at most ``most``. Empty when nothing was timed. Pure host code."""
+    at most ``most``; then ``keep`` (the incumbent), if it was timed (not NaN) and is not
+    among them yet. Empty when nothing was timed. Pure host code."""
     best: dict = {}
     for us, cfg in timed:
         if not math.isnan(us) and (cfg not in best or us < best[cfg]):
@@ -91,7 +95,10 @@ def finalists(timed: list[tuple[float, object]], *, within: float = FINAL_WITHIN
         return []
     ranked = sorted(best.items(), key=lambda kv: kv[1])
     bar = ranked[0][1] * (1.0 + within)
-    return [cfg for cfg, us in ranked if us <= bar][:most]
+    out = [cfg for cfg, us in ranked if us <= bar][:most]
+    if keep is not None and keep in best and keep not in out:
+        out.append(keep)
+    return out
 
 
 def pick_winner(final_us: dict, incumbent, *, margin: float = KEEP_MARGIN):
@@ -375,7 +382,7 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
         for cfg in pt.direct:  # whole calls: no alignment, their own two kernels
             time_whole(cfg, "full, direct")
         time_whole(pt.incumbent, f"incumbent, {pt.incumbent_source}", "incumbent ")
-        finals = finalists(wholes) if cuda else []
+        finals = finalists(wholes, keep=pt.incumbent) if cuda else []
         if len(finals) > 1:  # step 4: the close ones again, interleaved
             again: dict = {cfg: [] for cfg in finals}
             for _ in range(FINAL_ROUNDS):
