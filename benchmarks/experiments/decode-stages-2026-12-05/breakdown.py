@@ -8,7 +8,6 @@ call is outside its two GEMMs. Device script.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
@@ -16,27 +15,18 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ncu-2026-12-05"))
-from ab import _cell  # one whole call of a cell, shipped config, uniform routing
+from ab import _cell, _kernels  # a cell's whole call (shipped config); per-kernel device µs
 
 CELLS = ["qwen3-30b-a3b:8192", "deepseek-v3:8192", "mixtral8x7b:1024", "qwen3-235b-a22b:8192",
          "qwen3-30b-a3b:1024"]
 
 
 def kernels(fn, calls: int) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
+    """Every kernel's device µs per call over ``calls`` eager calls, after 3 warm-up calls."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    tot = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            tot[ev.name[:48]] += ev.device_time_total
-    return {k: round(v / calls, 1) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])}
+    return _kernels(fn, calls, top=None, width=48)
 
 
 def main() -> None:

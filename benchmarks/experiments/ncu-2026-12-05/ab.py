@@ -40,7 +40,9 @@ def _timed(fn, n):
     return ts
 
 
-def _kernels(fn, calls=5):
+def _kernels(fn, calls=5, top=6, width=40):
+    """Device µs per call of each kernel (name cut to ``width``) over ``calls`` calls under
+    torch.profiler, the ``top`` largest (None: all), largest first."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -50,8 +52,8 @@ def _kernels(fn, calls=5):
     tot = collections.defaultdict(float)
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
-            tot[ev.name[:40]] += ev.device_time_total
-    return {k: round(v / calls, 1) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:6]}
+            tot[ev.name[:width]] += ev.device_time_total
+    return {k: round(v / calls, 1) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:top]}
 
 
 def _cell(be, dtype, shape, t, dev):

@@ -19,11 +19,16 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
+import sys
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ncu-2026-12-05"))
+from ab import _timed  # event-timed calls, each synced (the ncu experiment's timer)
 
 PAD_M = 16
 
@@ -121,18 +126,11 @@ def check(dev):
 
 
 def _time(fn, n=30):
+    """Median µs of ``n`` event-timed calls, each synced, after 3 warm-up calls."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
+    return statistics.median(_timed(fn, n))
 
 
 def ab(out_path):
