@@ -1,0 +1,260 @@
+"""Device probe: whole fp8 expert calls with the CUDA grouped GEMMs of ``fp8_mc_moe.cu`` in the
+ws path's place, against the shipped call, same run, same inputs (issue 12).
+
+    nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -shared -Xcompiler -fPIC \
+         -o /tmp/fp8_mc_moe.so benchmarks/experiments/cuda-fp8-mc-2026-12-05/fp8_mc_moe.cu
+    PYTHONPATH=. python3 benchmarks/experiments/cuda-fp8-mc-2026-12-05/moe_probe.py --check --mc 1
+    PYTHONPATH=. python3 benchmarks/experiments/cuda-fp8-mc-2026-12-05/moe_probe.py \
+        --mc 1,2,4 --out moe.json
+
+The CUDA call is the shipped ws call's pipeline with its two GEMMs swapped: ``moe_align`` at
+128 rows, ``quantize_rows_fp8``, ``gather_rows_fp8``, the CUDA gate/up (``act [R, I]`` bf16),
+``quantize_rows_fp8(act)``, the CUDA down (``y [R, H]`` in aligned order), ``moe_sum`` through
+the pair-to-row map. Inputs as ``moerun bench --dtype fp8`` draws them (random e4m3 codes and
+block scales, uniform routing, ``moerun.bench.inputs.draw_routing``), without the dequantized
+bf16 copies.
+
+``--check``: small calls of every model shape (T=64; qwen3-30b-a3b T=300 for padding blocks,
+mixtral8x7b T=600 for two blocks per expert) at 4 and 6 stages, each against DESIGN 11a's reference (``moerun.quant.reference_fp8_moe``)
+and the shipped call; ``ok mc=<n>`` when every relative error is within the fp8 bar (3e-2)
+and matches the shipped call's to 1e-2. Otherwise, per cell: the shipped call and each CUDA
+form, checked the same way, then timed eager in 3 interleaved rounds of 10 calls (device
+events; medians), and the per-kernel device time of the shipped call and the first CUDA form
+(torch.profiler). One JSON line per row as it finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import json
+import statistics
+import time
+
+import torch
+
+CELLS = ["qwen3-30b-a3b:1024", "qwen3-30b-a3b:8192", "mixtral8x7b:1024", "mixtral8x7b:8192",
+         "qwen3-235b-a22b:1024", "qwen3-235b-a22b:8192", "deepseek-v3:8192"]
+G = 128
+
+
+def _lib(path: str):
+    lib = ctypes.CDLL(path)
+    lib.fp8_mc_moe.restype = ctypes.c_int
+    lib.fp8_mc_moe.argtypes = (
+        [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 6
+        + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 6
+        + [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)])
+    return lib
+
+
+def _moe_gemm(lib, kind, a, a_s, w, w_s, align, topk_w, out, *, h, i, s, mc, stages):
+    used = ctypes.c_int(0)
+    rc = lib.fp8_mc_moe(kind, a.data_ptr(), a_s.data_ptr(), a_s.stride(0), w.data_ptr(),
+                        w_s.data_ptr(), align.sorted_ids.data_ptr(),
+                        align.expert_ids.data_ptr(), align.num_post.data_ptr(),
+                        topk_w.data_ptr(), align.num_pairs, out.data_ptr(),
+                        align.sorted_ids.numel(), h, i, s, mc, stages,
+                        torch.cuda.current_stream().cuda_stream, ctypes.byref(used))
+    if rc != 0:
+        raise RuntimeError(f"fp8_mc_moe returned {rc} (kind={kind}, mc={mc}, stages={stages})")
+    return used.value
+
+
+def cuda_call(lib, x, w13, w2, s13, s2, topk_w, topk_ids, *, mc: int, stages: int):
+    """The ws pipeline with the CUDA gate/up and down; ``[T, H]`` bf16. No host sync."""
+    from moerun.backends.triton.align import moe_align
+    from moerun.backends.triton.combine import moe_sum
+    from moerun.backends.triton.fp8_quant import gather_rows_fp8, quantize_rows_fp8
+
+    s, two_i, h = w13.shape
+    inter = two_i // 2
+    k = topk_ids.shape[1]
+    align = moe_align(topk_ids, s, G)
+    g = gather_rows_fp8(quantize_rows_fp8(x), align, k)
+    r = align.sorted_ids.numel()
+    act = torch.empty(r, inter, device=x.device, dtype=torch.bfloat16)
+    flat_w = topk_w.reshape(-1)
+    _moe_gemm(lib, 0, g.rows.data, g.rows.scale, w13, s13, align, flat_w, act, h=h, i=inter,
+              s=s, mc=mc, stages=stages)
+    iq = quantize_rows_fp8(act)
+    y = torch.empty(r, h, device=x.device, dtype=torch.bfloat16)
+    _moe_gemm(lib, 1, iq.data, iq.scale, w2, s2, align, flat_w, y, h=h, i=inter, s=s, mc=mc,
+              stages=stages)
+    return moe_sum(y, topk_ids, s, rows=g.pair_rows)
+
+
+def _weights(shape, dev, gen):
+    """e4m3 codes and block scales as ``moerun.bench.fp8.fp8_weights`` draws them, without its
+    dequantized copies (deepseek-v3's would take 22 GB)."""
+    e, h, i = shape.num_experts, shape.hidden, shape.intermediate
+
+    def codes(*size):
+        c = torch.randint(0, 254, size, generator=gen, device=dev, dtype=torch.uint8)
+        return torch.where(c >= 127, c + 1, c).view(torch.float8_e4m3fn)
+
+    w13, w2 = codes(e, 2 * i, h), codes(e, h, i)
+    s13 = (torch.rand(e, 2 * i // G, h // G, generator=gen, device=dev) + 0.5) * (h ** -0.5 / 100)
+    s2 = (torch.rand(e, h // G, i // G, generator=gen, device=dev) + 0.5) * (i ** -0.5 / 100)
+    return w13, w2, s13, s2
+
+
+def _setup(name, t, dev):
+    from moerun.bench.inputs import draw_routing
+    from moerun.bench.shapes import parse_shapes
+
+    shape = parse_shapes(name)[0]
+    gen = torch.Generator(device=dev).manual_seed(0)
+    w13, w2, s13, s2 = _weights(shape, dev, gen)
+    x = torch.randn(t, shape.hidden, generator=gen, device=dev, dtype=torch.bfloat16)
+    w, ids = draw_routing(t, shape.num_experts, shape.top_k, gen, dev)
+    return shape, x, w13, w2, s13, s2, w, ids
+
+
+def _shipped(be, shape, x, w13, w2, s13, s2, w, ids):
+    from moerun.bench.fp8 import layer_fp8_call
+    from moerun.quant import ExpertQuant, QuantConfig
+
+    eq = ExpertQuant(config=QuantConfig(), w13_scale=s13, w2_scale=s2, out_dtype=torch.bfloat16)
+    return lambda: layer_fp8_call(be, shape, x, w13, w2, w, ids, eq)
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _reference(x, w13, w2, s13, s2, w, ids):
+    from moerun.quant import QuantConfig, reference_fp8_moe
+
+    return reference_fp8_moe(x, w13, s13, w2, s2, w, ids, QuantConfig(), out_dtype=torch.float32,
+                             intermediate_dtype=torch.bfloat16)
+
+
+def _timed(fn, n):
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return ts
+
+
+def _kernels(fn, calls=5):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    tot = collections.defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            tot[ev.name[:40]] += ev.device_time_total
+    return {k: round(v / calls, 1) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:8]}
+
+
+def check(lib, be, mcs, stages_list) -> None:
+    dev = torch.device("cuda")
+    # padding blocks (qwen3-30b T=300: ~19 pairs per expert), two blocks per expert
+    # (mixtral T=600: ~150), every model shape
+    cases = [("qwen3-30b-a3b", 64), ("qwen3-30b-a3b", 300), ("mixtral8x7b", 600),
+             ("qwen3-235b-a22b", 64), ("deepseek-v3", 64)]
+    for mc in mcs:
+        good = True
+        for name, t in cases:
+            shape, x, w13, w2, s13, s2, w, ids = _setup(name, t, dev)
+            ref = _reference(x, w13, w2, s13, s2, w, ids)
+            ship = _shipped(be, shape, x, w13, w2, s13, s2, w, ids)()
+            for st in stages_list:
+                t0 = time.time()
+                out = cuda_call(lib, x, w13, w2, s13, s2, w, ids, mc=mc, stages=st)
+                torch.cuda.synchronize()
+                row = {"check": f"{name}:{t}", "mc": mc, "stages": st,
+                       "rel_ref": _rel(out, ref), "rel_shipped": _rel(out, ship),
+                       "shipped_rel_ref": _rel(ship, ref),
+                       "nan": bool(torch.isnan(out.float()).any()),
+                       "s": round(time.time() - t0, 3)}
+                row["ok"] = (not row["nan"] and row["rel_ref"] <= 3e-2
+                             and row["rel_shipped"] <= 1e-2)
+                good &= row["ok"]
+                print(json.dumps(row), flush=True)
+        print(f"{'ok' if good else 'FAILED'} mc={mc}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lib", default="/tmp/fp8_mc_moe.so")
+    p.add_argument("--mc", default="1,2,4")
+    p.add_argument("--stages", default="4,6")
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--cells", default=",".join(CELLS))
+    p.add_argument("--out")
+    args = p.parse_args()
+    from moerun.backends.triton.experts import TritonExperts
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    lib = _lib(args.lib)
+    be = TritonExperts()
+    mcs = [int(v) for v in args.mc.split(",") if v]
+    stages_list = [int(v) for v in args.stages.split(",")]
+    if args.check:
+        check(lib, be, mcs, stages_list)
+        return
+    dev = torch.device("cuda")
+    rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
+
+    def emit(row):
+        rec["rows"].append(row)
+        print(json.dumps(row), flush=True)
+
+    for cell in args.cells.split(","):
+        name, t = cell.split(":")
+        shape, x, w13, w2, s13, s2, w, ids = _setup(name, int(t), dev)
+        cfg = be.config_for(shape.num_experts, shape.intermediate, shape.hidden, int(t),
+                            shape.top_k, torch.float8_e4m3fn)
+        ref = _reference(x, w13, w2, s13, s2, w, ids)
+        impls = {"shipped": _shipped(be, shape, x, w13, w2, s13, s2, w, ids)}
+        for mc in mcs:
+            for st in stages_list:
+                impls[f"cuda_mc{mc}_s{st}"] = (
+                    lambda mc=mc, st=st: cuda_call(lib, x, w13, w2, s13, s2, w, ids, mc=mc,
+                                                   stages=st))
+        ship_out = impls["shipped"]()
+        errs, times = {}, collections.defaultdict(list)
+        for key, fn in list(impls.items()):
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                errs[key] = {"rel_ref": _rel(out, ref), "rel_shipped": _rel(out, ship_out)}
+                for _ in range(3):
+                    fn()
+            except Exception as e:  # noqa: BLE001 - the probe records what fails
+                emit({"cell": cell, "impl": key, "error": repr(e)[:300]})
+                del impls[key]
+        torch.cuda.synchronize()
+        for _ in range(3):  # interleaved rounds
+            for key, fn in impls.items():
+                times[key] += _timed(fn, 10)
+        base = statistics.median(times["shipped"])
+        for key in impls:
+            us = statistics.median(times[key])
+            emit({"cell": cell, "impl": key, "us": round(us, 1),
+                  "vs_shipped": round(us / base, 4), **errs[key],
+                  "shipped_cfg": repr(cfg) if key == "shipped" else None})
+        first = next((k for k in impls if k != "shipped"), None)
+        prof = {"shipped": _kernels(impls["shipped"])}
+        if first:
+            prof[first] = _kernels(impls[first])
+        emit({"cell": cell, "kernels_us": prof})
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rec, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
