@@ -1,55 +1,78 @@
 #!/usr/bin/env bash
-# One device call (any sm90 card; about 7 minutes): build the two CUDA probes, check every
-# cluster size of each (dense: small shapes against the fp32 reference; MoE: small whole calls
-# against DESIGN 11a's reference and the shipped call), each form in its own process under
-# its own timeout so that a hang names its form, then time the forms that passed: the dense
-# GEMM against cuBLAS's block-scaled GEMM and the Gluon probe, the whole fp8 calls against
-# the shipped ones. A dense form that fails its check runs again on two small shapes under
-# compute-sanitizer (memcheck). Files back (7): log.txt, check.txt, moe-check.txt,
-# probe.txt, probe.json, moe.txt, moe.json.
+# One device call (any sm90 card; about 8 minutes): build the three CUDA probes, check each
+# form in its own process under its own timeout (so that a hang names its form), then time
+# what passed, same run, same inputs:
+#   dense GEMM (probe.py)       against cuBLAS's block-scaled GEMM and the Gluon probe;
+#   decode call (decode_probe)  against the shipped T <= 4 calls, graph replay;
+#   MoE prefill (moe_probe)     against the shipped calls at the ws cells, eager.
+# A dense form that fails its check runs again on two small shapes under compute-sanitizer.
+# Files back (6; every row is a JSON line): log.txt, check.txt, moe-check.txt, probe.txt,
+# decode.txt, moe.txt.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin
 D=benchmarks/experiments/cuda-fp8-mc-2026-12-05
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" | tee $OUT/log.txt
-for f in fp8_mc_gemm fp8_mc_moe; do
+for f in fp8_mc_gemm fp8_mc_moe fp8_decode; do
   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -shared -Xcompiler -fPIC \
-      -o /tmp/$f.so $D/$f.cu >> $OUT/log.txt 2>&1 || { echo "build $f failed" | tee -a $OUT/log.txt; exit 1; }
+      -o /tmp/$f.so $D/$f.cu >> $OUT/log.txt 2>&1 || echo "build $f failed" | tee -a $OUT/log.txt
 done
 echo "built at ${SECONDS}s" | tee -a $OUT/log.txt
+last() { tail -1 "$1" | cut -c1-150; }
 MC=""
 for mc in 1 2 4; do
   echo "== dense mc=$mc" >> $OUT/check.txt
   timeout -k 5 90 python3 $D/probe.py --check --mc $mc >> $OUT/check.txt 2>&1
-  echo "dense check mc=$mc rc=$? at ${SECONDS}s: $(tail -1 $OUT/check.txt | cut -c1-150)" | tee -a $OUT/log.txt
+  echo "dense check mc=$mc rc=$? at ${SECONDS}s: $(last $OUT/check.txt)" | tee -a $OUT/log.txt
   if tail -1 $OUT/check.txt | grep -q "^ok mc=$mc"; then
     MC="$MC,$mc"
   else
     echo "== sanitizer mc=$mc" >> $OUT/check.txt
-    timeout -k 5 120 compute-sanitizer --tool memcheck python3 $D/probe.py --check --small \
+    timeout -k 5 100 compute-sanitizer --tool memcheck python3 $D/probe.py --check --small \
         --stages 4 --mc $mc >> $OUT/check.txt 2>&1
     echo "sanitizer mc=$mc rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
   fi
 done
-[ -z "$MC" ] && { echo "no dense form passed its check: stop" | tee -a $OUT/log.txt; exit 2; }
+echo "== decode" >> $OUT/check.txt
+timeout -k 5 120 python3 $D/decode_probe.py --check >> $OUT/check.txt 2>&1
+echo "decode check rc=$? at ${SECONDS}s: $(last $OUT/check.txt)" | tee -a $OUT/log.txt
+DEC=0; tail -1 $OUT/check.txt | grep -q "^ok decode" && DEC=1
 MOE=""
 for mc in ${MC//,/ }; do
   echo "== moe mc=$mc" >> $OUT/moe-check.txt
   timeout -k 5 120 python3 $D/moe_probe.py --check --mc $mc >> $OUT/moe-check.txt 2>&1
-  echo "moe check mc=$mc rc=$? at ${SECONDS}s: $(tail -1 $OUT/moe-check.txt | cut -c1-150)" | tee -a $OUT/log.txt
+  echo "moe check mc=$mc rc=$? at ${SECONDS}s: $(last $OUT/moe-check.txt)" | tee -a $OUT/log.txt
   tail -1 $OUT/moe-check.txt | grep -q "^ok mc=$mc" && MOE="$MOE,$mc"
 done
-timeout -k 5 150 python3 $D/probe.py --mc ${MC#,} --out $OUT/probe.json > $OUT/probe.txt 2>&1
-echo "dense probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
-grep -h '"impl"' $OUT/probe.txt | python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['shape'], r['impl'], r.get('stages',''), r.get('epi',''), r.get('us'), r.get('tflops'), r.get('rel_err', r.get('error','')))"
-if [ -n "$MOE" ] && [ $SECONDS -lt 450 ]; then
-  timeout -k 5 $((580 - SECONDS)) python3 $D/moe_probe.py --mc ${MOE#,} --out $OUT/moe.json \
-      > $OUT/moe.txt 2>&1
-  echo "moe probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
-  grep -h '"us"' $OUT/moe.txt | python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['cell'], r['impl'], r['us'], r['vs_shipped'], round(r['rel_ref'],5), round(r['rel_shipped'],5))"
+if [ -n "$MC" ]; then
+  timeout -k 5 120 python3 $D/probe.py --mc ${MC#,} > $OUT/probe.txt 2>&1
+  echo "dense probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
 fi
+if [ $DEC = 1 ]; then
+  timeout -k 5 120 python3 $D/decode_probe.py > $OUT/decode.txt 2>&1
+  echo "decode probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
+fi
+if [ -n "$MOE" ] && [ $SECONDS -lt 470 ]; then
+  timeout -k 5 $((585 - SECONDS)) python3 $D/moe_probe.py --mc ${MOE#,} > $OUT/moe.txt 2>&1
+  echo "moe probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
+fi
+python3 - "$OUT" <<'PY' | tee -a $OUT/log.txt
+import json, os, sys
+out = sys.argv[1]
+for name in ("probe.txt", "decode.txt", "moe.txt"):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        continue
+    print("==", name)
+    for line in open(path):
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if "us" in r:
+            keys = [k for k in ("shape", "cell", "impl", "stages", "epi", "ks", "kw", "pdl")
+                    if k in r]
+            err = r.get("rel_err", r.get("rel_ref"))
+            print(" ".join(str(r[k]) for k in keys), r["us"], r.get("tflops", r.get(
+                "vs_shipped", "")), f"{err:.2e}" if err is not None else "")
+        elif "error" in r:
+            print("ERROR", r)
+PY

@@ -1,0 +1,151 @@
+"""Device probe: the fp8 decode call of ``fp8_decode.cu`` (two CUDA launches) against the
+shipped call at the T <= 4 cells, graph replay, same run, same inputs (issue 12).
+
+    nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -shared -Xcompiler -fPIC \
+         -o /tmp/fp8_decode.so benchmarks/experiments/cuda-fp8-mc-2026-12-05/fp8_decode.cu
+    PYTHONPATH=. python3 benchmarks/experiments/cuda-fp8-mc-2026-12-05/decode_probe.py --check
+    PYTHONPATH=. python3 benchmarks/experiments/cuda-fp8-mc-2026-12-05/decode_probe.py --out d.json
+
+Inputs as ``moe_probe.py`` draws them (``moerun bench --dtype fp8``'s codes, scales and uniform
+routing). Each form is checked against DESIGN 11a's reference (``reference_fp8_moe``, bar 3e-2)
+and the shipped call (1e-2), a token with an excluded pair (id -1) included in ``--check``.
+Timing: ``--calls`` calls captured in one CUDA graph, 3 warm-up replays, the median of
+``--replays`` event-timed replays divided by the calls; the shipped call the same way
+(``moerun bench`` times these cells by graph replay too). Forms: ``ks`` (warps sharing H in
+gate/up), ``kw`` (warps sharing the pairs' I in down), ``pdl`` (the down launch waits in-kernel
+for the gate/up grid, its first weights prefetched into L2 before the wait).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moe_probe import _reference, _rel, _setup, _shipped  # noqa: E402
+
+CELLS = ["qwen3-30b-a3b:1", "qwen3-235b-a22b:1", "deepseek-v3:1", "mixtral8x7b:1",
+         "qwen3-30b-a3b:4"]
+FORMS = [(ks, kw, pdl) for pdl in (0, 1) for ks in (2, 4, 8) for kw in (4, 8)]
+
+
+def _lib(path: str):
+    lib = ctypes.CDLL(path)
+    lib.fp8_decode.restype = ctypes.c_int
+    lib.fp8_decode.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
+    return lib
+
+
+def decode_call(lib, x, w13, w2, s13, s2, w, ids, act, out, *, ks, kw, pdl):
+    """``out [T, H]`` bf16 = the expert call through the two CUDA launches (``act [T*K, I]``
+    bf16 workspace). Current stream; no host sync; capturable."""
+    t, h = x.shape
+    s, two_i, _ = w13.shape
+    rc = lib.fp8_decode(x.data_ptr(), w13.data_ptr(), s13.data_ptr(), w2.data_ptr(),
+                        s2.data_ptr(), ids.data_ptr(), w.data_ptr(), act.data_ptr(),
+                        out.data_ptr(), t, ids.shape[1], h, two_i // 2, s, ks, kw, pdl,
+                        torch.cuda.current_stream().cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"fp8_decode returned {rc} (ks={ks}, kw={kw}, pdl={pdl})")
+    return out
+
+
+def _graph_us(fn, calls, replays):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(ts)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lib", default="/tmp/fp8_decode.so")
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--cells", default=",".join(CELLS))
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--replays", type=int, default=30)
+    p.add_argument("--out")
+    args = p.parse_args()
+    from moerun.backends.triton.experts import TritonExperts
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    lib = _lib(args.lib)
+    be = TritonExperts()
+    dev = torch.device("cuda")
+    rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
+
+    def emit(row):
+        rec["rows"].append(row)
+        print(json.dumps(row), flush=True)
+
+    cells = ["qwen3-30b-a3b:1", "qwen3-30b-a3b:3", "mixtral8x7b:2", "deepseek-v3:1"] \
+        if args.check else args.cells.split(",")
+    good = True
+    for cell in cells:
+        name, t = cell.split(":")
+        shape, x, w13, w2, s13, s2, w, ids = _setup(name, int(t), dev)
+        if args.check and int(t) > 1:
+            ids[0, -1] = -1  # an excluded pair
+        ref = _reference(x, w13, w2, s13, s2, w, ids)
+        shipped = _shipped(be, shape, x, w13, w2, s13, s2, w, ids)
+        ship_out = shipped()
+        act = torch.empty(ids.numel(), shape.intermediate, device=dev, dtype=torch.bfloat16)
+        out = torch.empty(int(t), shape.hidden, device=dev, dtype=torch.bfloat16)
+        if not args.check:
+            emit({"cell": cell, "impl": "shipped", "us": round(
+                _graph_us(shipped, args.calls, args.replays), 2),
+                "rel_ref": _rel(ship_out, ref)})
+        for ks, kw, pdl in FORMS if not args.check else [(2, 4, 0), (8, 8, 1)]:
+            row = {"cell": cell, "impl": "cuda", "ks": ks, "kw": kw, "pdl": pdl}
+            try:
+                def fn(ks=ks, kw=kw, pdl=pdl):
+                    return decode_call(lib, x, w13, w2, s13, s2, w, ids, act, out, ks=ks,
+                                       kw=kw, pdl=pdl)
+                res = fn().clone()
+                torch.cuda.synchronize()
+                row.update(rel_ref=_rel(res, ref), rel_shipped=_rel(res, ship_out),
+                           nan=bool(torch.isnan(res.float()).any()))
+                row["ok"] = (not row["nan"] and row["rel_ref"] <= 3e-2
+                             and row["rel_shipped"] <= 1e-2)
+                good &= row["ok"]
+                if not args.check:
+                    row["us"] = round(_graph_us(fn, args.calls, args.replays), 2)
+            except Exception as e:  # noqa: BLE001 - the probe records what fails
+                row["error"] = repr(e)[:300]
+                good = False
+            emit(row)
+    if args.check:
+        print("ok decode" if good else "FAILED decode", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rec, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+// The fp8 decode expert call (a few tokens) in CUDA, two launches: a device probe for issue 12's
+// T=1 cells (README.md). qwen3-30b-a3b T=1 is the fp8 matrix's lowest cell (0.407 of its
+// floor, 21.2 µs for 8.6 µs of bytes on the H200, 2026-12-05); Nsight Compute had the shipped
+// Triton gate/up at 52 % of DRAM peak and 9 % occupancy, its warps waiting on weight tiles.
+//
+// Legend: T tokens, K top-k, P = T * K pairs (p = t * K + j), S slots, H hidden, I
+// intermediate; weights e4m3 with fp32 128 x 128 block scales (w13 [S, 2I, H], s13
+// [S, 2I/128, H/128], w2 [S, H, I], s2 [S, H/128, I/128]); activations bf16.
+//
+// Kernel 1, gate/up: act[p, c] = silu(g) * u, g = x[t] . W13[e, c] and u = x[t] . W13[e, I + c]
+//   block-scaled, e = ids[p]; act [P, I] bf16, unweighted (the shipped direct path's
+//   intermediate). x[t] is quantized per 128-column group inside the launch, exactly as
+//   moerun.quant.quantize_rows does (scale = max(amax, 1e-10) / 448, codes = e4m3(x / scale)
+//   with saturation, round to nearest even).
+// Kernel 2, down: out[t, n] = sum_j w[t, j] * (q(act[p]) . W2[e, n]) block-scaled, with q the
+//   same per-group quantization of the bf16 intermediate; out [T, H] bf16, the K pairs summed
+//   in fp32 in a fixed order (deterministic).
+//
+// The product: mma.sync m16n8k32 e4m3 with fp32 accumulation (sm_89+), the weights as B (8
+// weight rows = 8 output columns per mma) and the activation as A (row 0 live). A lane
+// loads 16 contiguous bytes of one weight row per chunk of 64 columns, so a warp reads 8 rows
+// x 64 bytes per load instruction; K is a sum, so the chunk's columns are assigned to the two
+// mmas' k slots in the order the loads give them, and A is read from shared memory in the
+// same order. Each 128-column group is one product in its own accumulator, then added to the
+// running sums times its activation and weight scales (the block-scaled dot).
+//
+// Parallelism: every launch is a grid of small CTAs whose warps each take one set of 8 output
+// columns and a share of K (the groups); all a warp's loads of a batch are issued before any
+// is used, and the partial sums of a set's warps are added in shared memory in warp order.
+// With PDL the down launch issues its first weight loads before waiting for the gate/up grid.
+//
+// Build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -shared -Xcompiler -fPIC \
+//          -o fp8_decode.so fp8_decode.cu
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int G = 128;       // quantization group (columns)
+constexpr int U = 4;         // groups per load batch
+constexpr float QMAX = 448.f;
+constexpr float EPS = 1e-10f;
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t cvt4_e4m3(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return (lo & 0xffffu) | (hi << 16);
+}
+
+// One warp quantizes 128 bf16 values (src) into 128 codes (dst, shared) and returns the
+// scale (every lane): lane l takes values 4l..4l+3.
+__device__ __forceinline__ float quantize_group(const __nv_bfloat16* __restrict__ src,
+                                                uint8_t* dst, int lane) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(src + 4 * lane);
+  const __nv_bfloat162 v01 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+  const __nv_bfloat162 v23 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+  const float2 f01 = __bfloat1622float2(v01);
+  const float2 f23 = __bfloat1622float2(v23);
+  float amax = fmaxf(fmaxf(fabsf(f01.x), fabsf(f01.y)), fmaxf(fabsf(f23.x), fabsf(f23.y)));
+  amax = warp_max(amax);
+  const float scale = fmaxf(amax, EPS) / QMAX;
+  *reinterpret_cast<uint32_t*>(dst + 4 * lane) =
+      cvt4_e4m3(f01.x / scale, f01.y / scale, f23.x / scale, f23.y / scale);
+  return scale;
+}
+
+// Prefetch `bytes` (a multiple of 16) from `src` into L2 (a bulk copy to no destination).
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
+// d += A(16x32, e4m3, rows 8-15 zero) * B(32x8, e4m3); fp32.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// The scaled dot of 8 weight rows with one activation row over groups [g_begin, g_end):
+// lane (g = lane / 4, q = lane % 4) loads row g's 16 bytes at 64 * c + 16 * q of each group's
+// two chunks c; returns in sums[0..1] the running sums of columns 2q and 2q + 1 (row 0 of the
+// mma's A; every lane holds them). `wrow`: this lane's weight row; `xq`/`xs`: the activation
+// codes and group scales (shared); `ws`: the 8 rows' weight-scale row (one per group);
+// `extra`: a factor on every group's scale (the routing weight, or 1).
+__device__ __forceinline__ void dot8(const uint8_t* __restrict__ wrow, const uint8_t* xq,
+                                     const float* xs, const float* __restrict__ ws, float extra,
+                                     int g_begin, int g_end, int lane, float (&sums)[2]) {
+  const int q = lane % 4;
+  for (int g0 = g_begin; g0 < g_end; g0 += U) {
+    uint4 w[U][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // every load of the batch first
+      const int g = g0 + u;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        w[u][c] = g < g_end ? __ldg(reinterpret_cast<const uint4*>(wrow + G * g + 64 * c +
+                                                                   16 * q))
+                            : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int g = g0 + u;
+      if (g < g_end) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const uint4 x = *reinterpret_cast<const uint4*>(xq + G * g + 64 * c + 16 * q);
+          mma_e4m3(d, x.x, x.y, w[u][c].x, w[u][c].y);
+          mma_e4m3(d, x.z, x.w, w[u][c].z, w[u][c].w);
+        }
+        const float s = xs[g] * __ldg(ws + g) * extra;
+        sums[0] += d[0] * s;
+        sums[1] += d[1] * s;
+      }
+    }
+  }
+}
+
+// Kernel 1. grid (I / (8 * RS), P); block 32 * RS * KS: warp w takes column set w / KS (8
+// intermediate columns, their gate and up rows) and the w % KS-th share of the H / 128 groups.
+template <int RS, int KS, bool PDL>
+__global__ void __launch_bounds__(32 * RS * KS, 1)
+    gate_up_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w13,
+                   const float* __restrict__ s13, const int* __restrict__ ids,
+                   __nv_bfloat16* __restrict__ act, int top_k, int hidden, int inter,
+                   int slots) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int groups = hidden / G;
+  uint8_t* xq = smem;                                       // [H] codes
+  float* xs = reinterpret_cast<float*>(smem + hidden);      // [H/128] scales
+  float* part = xs + groups;                                // [RS][KS][8][2] partial sums
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int p = blockIdx.y;
+  const int e = ids[p];
+  if (e < 0 || e >= slots) return;  // an excluded pair: its row is not written (uniform)
+  const int t = p / top_k;
+  const int rs = warp / KS, ks = warp % KS;
+  const int c0 = (blockIdx.x * RS + rs) * 8;  // this warp's 8 intermediate columns
+  const size_t wrows = 2 * static_cast<size_t>(inter);
+  const uint8_t* gate = w13 + (static_cast<size_t>(e) * wrows + c0 + lane / 4) * hidden;
+  const uint8_t* up = gate + static_cast<size_t>(inter) * hidden;
+  const int kb = groups;
+  const float* sg = s13 + (static_cast<size_t>(e) * (wrows / G) + c0 / G) * kb;
+  const float* su = sg + static_cast<size_t>(inter / G) * kb;
+  const int per = (groups + KS - 1) / KS;
+  const int g_begin = ks * per, g_end = min(groups, g_begin + per);
+  // this warp's weight bytes start moving before x is read and quantized: one bulk L2
+  // prefetch per row (lane 4g: gate row g, lane 4g + 1: up row g)
+  if (g_begin < g_end && lane % 4 < 2) {
+    prefetch_l2((lane % 4 ? up : gate) + G * g_begin, G * (g_end - g_begin));
+  }
+  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int g = warp; g < groups; g += blockDim.x / 32) {
+    const float s = quantize_group(x + static_cast<size_t>(t) * hidden + G * g, xq + G * g,
+                                   lane);
+    if (lane == 0) xs[g] = s;
+  }
+  __syncthreads();
+  float gs[2] = {0.f, 0.f}, us[2] = {0.f, 0.f};
+  dot8(gate, xq, xs, sg, 1.f, g_begin, g_end, lane, gs);
+  dot8(up, xq, xs, su, 1.f, g_begin, g_end, lane, us);
+  if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (lane < 4) {
+    float* dst = part + ((rs * KS + ks) * 8 + 2 * lane) * 2;
+    dst[0] = gs[0];
+    dst[1] = us[0];
+    dst[2] = gs[1];
+    dst[3] = us[1];
+  }
+  __syncthreads();
+  if (ks == 0 && lane < 8) {  // column c0 + lane: the KS shares in warp order
+    float g = 0.f, u = 0.f;
+    for (int k = 0; k < KS; ++k) {
+      const float* src = part + ((rs * KS + k) * 8 + lane) * 2;
+      g += src[0];
+      u += src[1];
+    }
+    act[static_cast<size_t>(p) * inter + c0 + lane] =
+        __float2bfloat16_rn(g / (1.f + __expf(-g)) * u);
+  }
+}
+
+// Kernel 2. grid (H / (8 * RS), T); block 32 * RS * KW: warp w takes column set w / KW (8
+// hidden columns) and the w % KW-th share of the K * I / 128 (pair, group) units. The K act
+// rows of the token are quantized into shared memory first.
+template <int RS, int KW, bool PDL>
+__global__ void __launch_bounds__(32 * RS * KW, 1)
+    down_kernel(const __nv_bfloat16* __restrict__ act, const uint8_t* __restrict__ w2,
+                const float* __restrict__ s2, const int* __restrict__ ids,
+                const float* __restrict__ topk_w, __nv_bfloat16* __restrict__ out, int top_k,
+                int hidden, int inter, int slots) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int groups = inter / G;
+  uint8_t* aq = smem;                                               // [K][I] codes
+  float* as = reinterpret_cast<float*>(smem + top_k * inter);        // [K][I/128]
+  float* part = as + top_k * groups;                                 // [RS][KW][8]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.y;
+  const int rs = warp / KW, kw = warp % KW;
+  const int n0 = (blockIdx.x * RS + rs) * 8;
+  const int units = top_k * groups;
+  const int per = (units + KW - 1) / KW;
+  const int u_begin = kw * per, u_end = min(units, u_begin + per);
+  // the weights do not depend on the gate/up grid: this warp's rows of its first pair start
+  // moving into L2 before the wait (one bulk prefetch per row, lane 4g)
+  if (u_begin < u_end && lane % 4 == 0) {
+    const int j = u_begin / groups;
+    const int e = ids[t * top_k + j];
+    const int g_stop = min(u_end - j * groups, groups);
+    if (e >= 0 && e < slots)
+      prefetch_l2(w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter +
+                      G * (u_begin - j * groups),
+                  G * (g_stop - (u_begin - j * groups)));
+  }
+  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int u = warp; u < units; u += blockDim.x / 32) {
+    const int j = u / groups, g = u % groups;
+    const int e = ids[t * top_k + j];
+    if (e < 0 || e >= slots) continue;  // act row not written: never read
+    const float s = quantize_group(act + (static_cast<size_t>(t) * top_k + j) * inter + G * g,
+                                   aq + j * inter + G * g, lane);
+    if (lane == 0) as[j * groups + g] = s;
+  }
+  __syncthreads();
+  float sums[2] = {0.f, 0.f};
+  for (int u = u_begin; u < u_end;) {  // runs of units within one pair
+    const int j = u / groups;
+    const int stop = min(u_end, (j + 1) * groups);
+    const int e = ids[t * top_k + j];
+    if (e >= 0 && e < slots) {
+      const uint8_t* wrow = w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter;
+      const float* ws = s2 + (static_cast<size_t>(e) * (hidden / G) + n0 / G) * groups;
+      dot8(wrow, aq + j * inter, as + j * groups, ws, topk_w[t * top_k + j], u - j * groups,
+           stop - j * groups, lane, sums);
+    }
+    u = stop;
+  }
+  if (lane < 4) {
+    float* dst = part + (rs * KW + kw) * 8 + 2 * lane;
+    dst[0] = sums[0];
+    dst[1] = sums[1];
+  }
+  __syncthreads();
+  if (kw == 0 && lane < 8) {
+    float v = 0.f;
+    for (int k = 0; k < KW; ++k) v += part[(rs * KW + k) * 8 + lane];
+    out[static_cast<size_t>(t) * hidden + n0 + lane] = __float2bfloat16_rn(v);
+  }
+}
+
+}  // namespace
+
+// C ABI for ctypes. x [T, H] bf16, w13/s13, w2/s2, ids [T, K] int32, topk_w [T, K] fp32,
+// act [T*K, I] bf16 (workspace), out [T, H] bf16. ks, kw: warps per column set sharing K
+// (1, 2, 4 or 8); pdl: launch the down grid with programmatic stream serialization (it
+// waits in-kernel). Returns 0 or a code naming the failed step.
+extern "C" int fp8_decode(const void* x, const void* w13, const float* s13, const void* w2,
+                          const float* s2, const int* ids, const float* topk_w, void* act,
+                          void* out, int T, int K, int H, int I, int S, int ks, int kw, int pdl,
+                          void* stream) {
+  if (H % G || I % G || T < 1 || K < 1) return -100;
+  const auto ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
+  if (!ok(ks) || !ok(kw)) return -101;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  constexpr int RS = 1;
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* w13b = static_cast<const uint8_t*>(w13);
+  const auto* w2b = static_cast<const uint8_t*>(w2);
+  auto* actb = static_cast<__nv_bfloat16*>(act);
+  auto* outb = static_cast<__nv_bfloat16*>(out);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  cudaError_t err = cudaSuccess;
+  // gate/up
+  cfg.gridDim = dim3(I / (8 * RS), T * K, 1);
+  cfg.blockDim = dim3(32 * RS * ks, 1, 1);
+  cfg.dynamicSmemBytes = H + (H / G) * 4 + RS * ks * 8 * 2 * 4;
+#define MOERUN_GU(KS_, PDL_)                                                                \
+  if (ks == KS_ && (pdl != 0) == PDL_)                                                      \
+    err = cudaLaunchKernelEx(&cfg, gate_up_kernel<RS, KS_, PDL_>, xb, w13b, s13, ids, actb, \
+                             K, H, I, S);
+  MOERUN_GU(1, false) MOERUN_GU(2, false) MOERUN_GU(4, false) MOERUN_GU(8, false)
+  MOERUN_GU(1, true) MOERUN_GU(2, true) MOERUN_GU(4, true) MOERUN_GU(8, true)
+#undef MOERUN_GU
+  if (err != cudaSuccess) return 1000 + static_cast<int>(err);
+  // down
+  cfg.gridDim = dim3(H / (8 * RS), T, 1);
+  cfg.blockDim = dim3(32 * RS * kw, 1, 1);
+  cfg.dynamicSmemBytes = K * I + K * (I / G) * 4 + RS * kw * 8 * 4;
+  if (cfg.dynamicSmemBytes > 48 * 1024) return -102;
+#define MOERUN_DN(KW_, PDL_)                                                                 \
+  if (kw == KW_ && (pdl != 0) == PDL_)                                                       \
+    err = cudaLaunchKernelEx(&cfg, down_kernel<RS, KW_, PDL_>, actb, w2b, s2, ids, topk_w,   \
+                             outb, K, H, I, S);
+  MOERUN_DN(1, false) MOERUN_DN(2, false) MOERUN_DN(4, false) MOERUN_DN(8, false)
+  MOERUN_DN(1, true) MOERUN_DN(2, true) MOERUN_DN(4, true) MOERUN_DN(8, true)
+#undef MOERUN_DN
+  return err == cudaSuccess ? 0 : 2000 + static_cast<int>(err);
+}
