@@ -9,7 +9,8 @@ shipped call at the T <= 4 cells, graph replay, same run, same inputs (issue 12)
 Inputs as ``moe_probe.py`` draws them (``moerun bench --dtype fp8``'s codes, scales and uniform
 routing). Each form is checked against DESIGN 11a's reference (``reference_fp8_moe``, bar 3e-2)
 and the shipped call (1e-2), a token with an excluded pair (id -1) included in ``--check``.
-Timing: ``--calls`` calls captured in one CUDA graph, 3 warm-up replays, the median of
+Timing (``benchmarks/decode_breakdown.py``'s graph timer): ``--calls`` calls captured in one
+CUDA graph, 3 warm-up replays, the median of
 ``--replays`` event-timed replays divided by the calls; the shipped call the same way
 (``moerun bench`` times these cells by graph replay too). Forms: ``ks`` (warps sharing H in
 gate/up), ``kw`` (warps sharing the pairs' I in down), ``pdl`` (the down launch waits in-kernel
@@ -22,13 +23,15 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+from decode_breakdown import _graph_us  # noqa: E402 - graph replay timer (2 warm-ups)
 from moe_probe import _reference, _rel, _setup, _shipped  # noqa: E402
 
 CELLS = ["qwen3-30b-a3b:1", "qwen3-235b-a22b:1", "deepseek-v3:1", "mixtral8x7b:1",
@@ -55,31 +58,6 @@ def decode_call(lib, x, w13, w2, s13, s2, w, ids, act, out, *, ks, kw, pdl):
     if rc != 0:
         raise RuntimeError(f"fp8_decode returned {rc} (ks={ks}, kw={kw}, pdl={pdl})")
     return out
-
-
-def _graph_us(fn, calls, replays):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(ts)
 
 
 def main() -> None:

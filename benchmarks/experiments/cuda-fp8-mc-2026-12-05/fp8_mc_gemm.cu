@@ -59,18 +59,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const int lane = threadIdx.x % 32;
   const uint32_t rank = MC > 1 ? cluster_rank() : 0;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, 8 * MC);  // one arrival per consumer warp of each CTA
-    }
-    if (MC > 1) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  if (MC > 1) {
-    cluster_sync();
-  } else {
-    __syncthreads();
-  }
+  init_ring<MC, STAGES>(full0, empty0);
 
   // tile groups: MC neighbouring N tiles of the same rows (or MC row blocks, ALONG_M)
   const int grid_mp = M / (BM * (ALONG_M ? MC : 1));
@@ -96,13 +85,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
           const uint32_t a_dst = base + s * STAGE_BYTES;
           mbar_expect_tx(full, STAGE_BYTES);
           const uint16_t all = static_cast<uint16_t>((1u << MC) - 1u);
-          if (MC > 1 && !ALONG_M) {  // my 128 / MC rows of A into every CTA of the cluster
-            tma_load_multicast(a_dst + rank * (A_BYTES / MC), &map_a, full, k * BK,
-                               m * BM + static_cast<int>(rank) * (BM / MC), all);
-          } else {
-            tma_load(a_dst, &map_a, full, k * BK, m * BM);
-            tma_load(a_dst + A_HALF_BYTES, &map_a, full, k * BK, m * BM + 64);
-          }
+          load_a<(ALONG_M ? 1 : MC)>(a_dst, &map_a, full, k, m * BM, rank);
           if (MC > 1 && ALONG_M) {  // my BN / MC weight rows into every CTA of the cluster
             tma_load_multicast(a_dst + A_BYTES + rank * (B_BYTES / MC), &map_b, full, k * BK,
                                n * BN + static_cast<int>(rank) * (BN / MC), all);
@@ -139,24 +122,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         mbar_wait(full0 + 8 * s, ph);
         const uint32_t a_tile = base + s * STAGE_BYTES + wg * A_HALF_BYTES;
         const uint32_t b_tile = base + s * STAGE_BYTES + A_BYTES;
-#pragma unroll
-        for (int i = 0; i < 64; ++i) fence_operand(d[i]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 32; ++kk) {
-          wgmma_m64n128k32_e4m3(d, smem_desc(a_tile + 32 * kk), smem_desc(b_tile + 32 * kk),
-                                kk > 0 ? 1u : 0u);
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) fence_operand(d[i]);
-        // this warp is done with the stage: tell every CTA's producer (or mine)
-        if (MC > 1) {
-          if (lane < MC) mbar_arrive_cluster(empty0 + 8 * s, static_cast<uint32_t>(lane));
-        } else {
-          if (lane == 0) mbar_arrive(empty0 + 8 * s);
-        }
+        mma_stage<MC>(d, a_tile, b_tile, empty0 + 8 * s, lane);
         const float s0 = sa0 * sbk;
         const float s1 = sa1 * sbk;
 #pragma unroll
@@ -218,42 +184,10 @@ int launch(const void* a, const void* b, const float* sa_t, const float* sb, voi
   CUtensorMap mc_;
   e = make_map(&mc_, c, M, N, 64, 64, 2);
   if (e) return e;
-  auto kern = fp8_gemm_kernel<MC, STAGES, EPI_TMA, ALONG_M>;
   const int smem = STAGES * STAGE_BYTES + (EPI_TMA ? C_STAGE_BYTES : 0) + 1024 + 2 * STAGES * 8;
-  cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         smem);
-  if (err != cudaSuccess) return 1000 + static_cast<int>(err);
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.blockDim = dim3(NUM_THREADS, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = MC;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (ctas <= 0) {  // as many CTAs (clusters) as fit at once: persistent
-    if (MC > 1) {
-      int clusters = 0;
-      cfg.gridDim = dim3(MC, 1, 1);
-      err = cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg);
-      if (err != cudaSuccess) return 2000 + static_cast<int>(err);
-      ctas = MC * clusters;
-    } else {
-      int dev = 0;
-      cudaGetDevice(&dev);
-      err = cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, dev);
-      if (err != cudaSuccess) return 3000 + static_cast<int>(err);
-    }
-  }
-  if (ctas < MC || ctas % MC) return -102;
-  *ctas_used = ctas;
-  cfg.gridDim = dim3(ctas, 1, 1);
-  err = cudaLaunchKernelEx(&cfg, kern, ma, mb, mc_, sa_t, sb, reinterpret_cast<__nv_bfloat16*>(c),
-                           M, N, K);
-  return err == cudaSuccess ? 0 : 4000 + static_cast<int>(err);
+  return launch_persistent<MC>(fp8_gemm_kernel<MC, STAGES, EPI_TMA, ALONG_M>, smem, ctas,
+                               stream, ctas_used, ma, mb, mc_, sa_t, sb,
+                               reinterpret_cast<__nv_bfloat16*>(c), M, N, K);
 }
 
 }  // namespace

@@ -55,18 +55,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const int lane = threadIdx.x % 32;
   const uint32_t rank = MC > 1 ? cluster_rank() : 0;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, 8 * MC);
-    }
-    if (MC > 1) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  if (MC > 1) {
-    cluster_sync();
-  } else {
-    __syncthreads();
-  }
+  init_ring<MC, STAGES>(full0, empty0);
 
   // N tiles: 64 intermediate columns (gate/up) or 128 hidden columns (down)
   const int n_tiles = KIND == GATE_UP ? inter / 64 : hidden / BN;
@@ -93,14 +82,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
           const uint32_t full = full0 + 8 * s;
           const uint32_t a_dst = base + s * STAGE_BYTES;
           mbar_expect_tx(full, STAGE_BYTES);
-          if (MC > 1) {
-            tma_load_multicast(a_dst + rank * (A_BYTES / MC), &map_a, full, k * BK,
-                               m * BM + static_cast<int>(rank) * (BM / MC),
-                               static_cast<uint16_t>((1u << MC) - 1u));
-          } else {
-            tma_load(a_dst, &map_a, full, k * BK, m * BM);
-            tma_load(a_dst + A_HALF_BYTES, &map_a, full, k * BK, m * BM + 64);
-          }
+          load_a<MC>(a_dst, &map_a, full, k, m * BM, rank);
           if (KIND == GATE_UP) {  // 64 gate rows, then the 64 up rows `inter` further
             tma_load(a_dst + A_BYTES, &map_b, full, k * BK, w_row);
             tma_load(a_dst + A_BYTES + B_BYTES / 2, &map_b, full, k * BK, w_row + inter);
@@ -142,23 +124,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         mbar_wait(full0 + 8 * s, ph);
         const uint32_t a_tile = base + s * STAGE_BYTES + wg * A_HALF_BYTES;
         const uint32_t b_tile = base + s * STAGE_BYTES + A_BYTES;
-#pragma unroll
-        for (int i = 0; i < 64; ++i) fence_operand(d[i]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 32; ++kk) {
-          wgmma_m64n128k32_e4m3(d, smem_desc(a_tile + 32 * kk), smem_desc(b_tile + 32 * kk),
-                                kk > 0 ? 1u : 0u);
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) fence_operand(d[i]);
-        if (MC > 1) {
-          if (lane < MC) mbar_arrive_cluster(empty0 + 8 * s, static_cast<uint32_t>(lane));
-        } else {
-          if (lane == 0) mbar_arrive(empty0 + 8 * s);
-        }
+        mma_stage<MC>(d, a_tile, b_tile, empty0 + 8 * s, lane);
         // fragment i: column 8 * (i >> 2) + 2 * (lane % 4) + (i & 1), row +8 when i & 2;
         // gate/up: columns 0-63 (i < 32) are gate, 64-127 up
         const float g0 = sa0 * sg, g1 = sa1 * sg, u0 = sa0 * su, u1 = sa1 * su;
@@ -242,41 +208,10 @@ int launch(const void* a, const float* a_s, int a_s_stride, const void* w, const
   if (e) return e;
   e = make_map(&mo, out, R, out_cols, 64, 64, 2);
   if (e) return e;
-  auto kern = moe_kernel<MC, STAGES, KIND>;
   const int smem = STAGES * STAGE_BYTES + C_STAGE_BYTES + 1024 + 2 * STAGES * 8;
-  cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         smem);
-  if (err != cudaSuccess) return 1000 + static_cast<int>(err);
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.blockDim = dim3(NUM_THREADS, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = MC;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int ctas = 0;
-  if (MC > 1) {
-    int clusters = 0;
-    cfg.gridDim = dim3(MC, 1, 1);
-    err = cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg);
-    if (err != cudaSuccess) return 2000 + static_cast<int>(err);
-    ctas = MC * clusters;
-  } else {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    err = cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return 3000 + static_cast<int>(err);
-  }
-  if (ctas < MC) return -102;
-  *ctas_used = ctas;
-  cfg.gridDim = dim3(ctas, 1, 1);
-  err = cudaLaunchKernelEx(&cfg, kern, ma, mb, mo, a_s, a_s_stride, w_s, sorted_ids,
-                           expert_ids, num_post, topk_w, num_pairs, K, I, H);
-  return err == cudaSuccess ? 0 : 4000 + static_cast<int>(err);
+  return launch_persistent<MC>(moe_kernel<MC, STAGES, KIND>, smem, 0, stream, ctas_used, ma,
+                               mb, mo, a_s, a_s_stride, w_s, sorted_ids, expert_ids, num_post,
+                               topk_w, num_pairs, K, I, H);
 }
 
 }  // namespace

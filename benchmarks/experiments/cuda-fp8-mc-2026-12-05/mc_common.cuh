@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace {
 
@@ -184,6 +185,66 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// The ring's barriers, initialised by thread 0 and made visible to the cluster's CTAs before
+// any copy or remote arrival: full[s] (one arrival, the producer's, plus the stage's bytes)
+// and empty[s] (one arrival per consumer warp of each of the MC CTAs). Every thread calls it.
+template <int MC, int STAGES>
+__device__ __forceinline__ void init_ring(uint32_t full0, uint32_t empty0) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, 8 * MC);
+    }
+    if (MC > 1) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if (MC > 1) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
+}
+
+// The producer's A copies of one stage: rows [row0, row0 + 128) of K step k into `a_dst`,
+// as two 64-row boxes (MC = 1), or this CTA's 128 / MC rows multicast to every CTA of the
+// cluster (the map's box is then 128 / MC rows).
+template <int MC>
+__device__ __forceinline__ void load_a(uint32_t a_dst, const CUtensorMap* map, uint32_t full,
+                                       int k, int row0, uint32_t rank) {
+  if (MC > 1) {
+    tma_load_multicast(a_dst + rank * (A_BYTES / MC), map, full, k * BK,
+                       row0 + static_cast<int>(rank) * (BM / MC),
+                       static_cast<uint16_t>((1u << MC) - 1u));
+  } else {
+    tma_load(a_dst, map, full, k * BK, row0);
+    tma_load(a_dst + A_HALF_BYTES, map, full, k * BK, row0 + 64);
+  }
+}
+
+// One K step of a consumer warp group: the stage's four k32 wgmmas of its 64 rows x 128
+// columns into d (the first with the accumulator off), waited; then the stage released:
+// one arrival per warp on every CTA's empty barrier (lane j on CTA j's), or on this CTA's.
+template <int MC>
+__device__ __forceinline__ void mma_stage(float (&d)[64], uint32_t a_tile, uint32_t b_tile,
+                                          uint32_t empty_bar, int lane) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_operand(d[i]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BK / 32; ++kk) {
+    wgmma_m64n128k32_e4m3(d, smem_desc(a_tile + 32 * kk), smem_desc(b_tile + 32 * kk),
+                          kk > 0 ? 1u : 0u);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_operand(d[i]);
+  if (MC > 1) {
+    if (lane < MC) mbar_arrive_cluster(empty_bar, static_cast<uint32_t>(lane));
+  } else {
+    if (lane == 0) mbar_arrive(empty_bar);
+  }
+}
+
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                  const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
                                  const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -215,6 +276,49 @@ int make_map(CUtensorMap* map, const void* ptr, int rows, int cols, int box_rows
                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? 0 : -2 - static_cast<int>(r);
+}
+
+// Launches `kern` with `smem` bytes of dynamic shared memory on `ctas` CTAs (> 0: a multiple
+// of MC) or on the persistent grid: as many MC-CTA clusters as fit on the device at once
+// (MC > 1), or one CTA per SM; the grid is written to *ctas_used. Returns 0, or 1000 + /
+// 2000 + / 3000 + / 4000 + the CUDA error of the attribute, occupancy, device query or launch
+// step (-102: not one cluster fits, or `ctas` not a multiple of MC).
+template <int MC, typename... Params, typename... Args>
+int launch_persistent(void (*kern)(Params...), int smem, int ctas, cudaStream_t stream,
+                      int* ctas_used, Args&&... args) {
+  cudaError_t err =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return 1000 + static_cast<int>(err);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.blockDim = dim3(NUM_THREADS, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = MC;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (ctas > 0) {
+    if (ctas % MC) return -102;
+  } else if (MC > 1) {
+    int clusters = 0;
+    cfg.gridDim = dim3(MC, 1, 1);
+    err = cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg);
+    if (err != cudaSuccess) return 2000 + static_cast<int>(err);
+    ctas = MC * clusters;
+  } else {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    err = cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return 3000 + static_cast<int>(err);
+  }
+  if (ctas < MC) return -102;
+  *ctas_used = ctas;
+  cfg.gridDim = dim3(ctas, 1, 1);
+  err = cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+  return err == cudaSuccess ? 0 : 4000 + static_cast<int>(err);
 }
 
 }  // namespace

@@ -29,10 +29,16 @@ import argparse
 import collections
 import ctypes
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "ncu-2026-12-05"))
+from ab import _kernels, _timed  # noqa: E402 - the ncu experiment's timer and profiler
 
 CELLS = ["qwen3-30b-a3b:1024", "qwen3-30b-a3b:8192", "mixtral8x7b:1024", "mixtral8x7b:8192",
          "qwen3-235b-a22b:1024", "qwen3-235b-a22b:8192", "deepseek-v3:8192"]
@@ -131,32 +137,6 @@ def _reference(x, w13, w2, s13, s2, w, ids):
                              intermediate_dtype=torch.bfloat16)
 
 
-def _timed(fn, n):
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return ts
-
-
-def _kernels(fn, calls=5):
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    tot = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            tot[ev.name[:40]] += ev.device_time_total
-    return {k: round(v / calls, 1) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:8]}
-
-
 def check(lib, be, mcs, stages_list) -> None:
     dev = torch.device("cuda")
     # padding blocks (qwen3-30b T=300: ~19 pairs per expert), two blocks per expert
@@ -247,9 +227,9 @@ def main() -> None:
                   "vs_shipped": round(us / base, 4), **errs[key],
                   "shipped_cfg": repr(cfg) if key == "shipped" else None})
         first = next((k for k in impls if k != "shipped"), None)
-        prof = {"shipped": _kernels(impls["shipped"])}
+        prof = {"shipped": _kernels(impls["shipped"], top=8)}
         if first:
-            prof[first] = _kernels(impls[first])
+            prof[first] = _kernels(impls[first], top=8)
         emit({"cell": cell, "kernels_us": prof})
     if args.out:
         with open(args.out, "w") as f:

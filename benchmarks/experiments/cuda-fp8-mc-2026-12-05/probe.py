@@ -23,7 +23,6 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -31,6 +30,9 @@ import torch
 
 G = 128
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "gluon-2026-12-02"))
+import ws_gemm  # noqa: E402 - the Gluon probe: timed in the same run; its timer and codes
+from ws_gemm import _codes, _time  # noqa: E402
 
 
 def _lib(path: str):
@@ -58,26 +60,6 @@ def cuda_gemm(lib, a8, b8, sa_t, sb, c, *, mc: int, stages: int, epi: int, along
                            f"stages={stages}, epi={epi}, "
                            f"{m}x{n}x{k})")
     return used.value
-
-
-def _codes(*size, gen):
-    c = torch.randint(0, 254, size, generator=gen, device="cuda", dtype=torch.uint8)
-    return torch.where(c >= 127, c + 1, c).view(torch.float8_e4m3fn)  # no NaN codes
-
-
-def _time(fn, samples):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(samples):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) * 1e-3)
-    return statistics.median(out)
 
 
 def _data(m, n, k, gen):
@@ -154,9 +136,6 @@ def main() -> None:
     if args.check:
         check(lib, mcs, stages_list, args.small)
         return
-    sys.path.insert(0, os.path.join(HERE, "..", "gluon-2026-12-02"))
-    import ws_gemm  # noqa: E402 - the Gluon probe, timed in the same run
-
     rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
 
