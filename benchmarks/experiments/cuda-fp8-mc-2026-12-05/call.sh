@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call (any sm90 card; about 8 minutes): build the three CUDA probes, check each
-# form in its own process under its own timeout (so that a hang names its form), then time
-# what passed, same run, same inputs:
+# One device call (any sm90 card; up to 10 minutes): build the three CUDA probes, then, in
+# the order of what is closest to a bar (decode first), check each form in its own process
+# under its own timeout (so that a hang names its form) and time what passed, same run, same
+# inputs:
 #   dense GEMM (probe.py)       against cuBLAS's block-scaled GEMM and the Gluon probe;
-#   decode call (decode_probe)  against the shipped T <= 4 calls, graph replay;
+#   decode call (decode_probe)  against the shipped T <= 4 calls, graph replay, fp8 and bf16;
 #   MoE prefill (moe_probe)     against the shipped calls at the ws cells, eager.
 # A dense form that fails its check runs again on two small shapes under compute-sanitizer.
 # Files back (6; every row is a JSON line): log.txt, check.txt, moe-check.txt, probe.txt,
@@ -18,6 +19,17 @@ for f in fp8_mc_gemm fp8_mc_moe fp8_decode; do
 done
 echo "built at ${SECONDS}s" | tee -a $OUT/log.txt
 last() { tail -1 "$1" | cut -c1-150; }
+DEC=""
+for dt in fp8 bf16; do
+  echo "== decode $dt" >> $OUT/check.txt
+  timeout -k 5 120 python3 $D/decode_probe.py --check --dtype $dt >> $OUT/check.txt 2>&1
+  echo "decode check $dt rc=$? at ${SECONDS}s: $(last $OUT/check.txt)" | tee -a $OUT/log.txt
+  tail -1 $OUT/check.txt | grep -q "^ok decode $dt" && DEC="$DEC $dt"
+done
+for dt in $DEC; do
+  timeout -k 5 100 python3 $D/decode_probe.py --dtype $dt >> $OUT/decode.txt 2>&1
+  echo "decode probe $dt rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
+done
 MC=""
 for mc in 1 2 4; do
   echo "== dense mc=$mc" >> $OUT/check.txt
@@ -32,26 +44,19 @@ for mc in 1 2 4; do
     echo "sanitizer mc=$mc rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
   fi
 done
-echo "== decode" >> $OUT/check.txt
-timeout -k 5 120 python3 $D/decode_probe.py --check >> $OUT/check.txt 2>&1
-echo "decode check rc=$? at ${SECONDS}s: $(last $OUT/check.txt)" | tee -a $OUT/log.txt
-DEC=0; tail -1 $OUT/check.txt | grep -q "^ok decode" && DEC=1
+if [ -n "$MC" ]; then
+  timeout -k 5 120 python3 $D/probe.py --mc ${MC#,} > $OUT/probe.txt 2>&1
+  echo "dense probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
+fi
 MOE=""
 for mc in ${MC//,/ }; do
+  [ $SECONDS -lt 400 ] || { echo "moe checks: out of time" | tee -a $OUT/log.txt; break; }
   echo "== moe mc=$mc" >> $OUT/moe-check.txt
   timeout -k 5 120 python3 $D/moe_probe.py --check --mc $mc >> $OUT/moe-check.txt 2>&1
   echo "moe check mc=$mc rc=$? at ${SECONDS}s: $(last $OUT/moe-check.txt)" | tee -a $OUT/log.txt
   tail -1 $OUT/moe-check.txt | grep -q "^ok mc=$mc" && MOE="$MOE,$mc"
 done
-if [ -n "$MC" ]; then
-  timeout -k 5 120 python3 $D/probe.py --mc ${MC#,} > $OUT/probe.txt 2>&1
-  echo "dense probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
-fi
-if [ $DEC = 1 ]; then
-  timeout -k 5 120 python3 $D/decode_probe.py > $OUT/decode.txt 2>&1
-  echo "decode probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
-fi
-if [ -n "$MOE" ] && [ $SECONDS -lt 470 ]; then
+if [ -n "$MOE" ] && [ $SECONDS -lt 480 ]; then
   timeout -k 5 $((585 - SECONDS)) python3 $D/moe_probe.py --mc ${MOE#,} > $OUT/moe.txt 2>&1
   echo "moe probe rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
 fi
@@ -68,7 +73,8 @@ for name in ("probe.txt", "decode.txt", "moe.txt"):
             continue
         r = json.loads(line)
         if "us" in r:
-            keys = [k for k in ("shape", "cell", "impl", "stages", "epi", "ks", "kw", "pdl")
+            keys = [k for k in ("shape", "cell", "dtype", "impl", "stages", "epi", "ks", "kw",
+                                "pdl")
                     if k in r]
             err = r.get("rel_err", r.get("rel_ref"))
             print(" ".join(str(r[k]) for k in keys), r["us"], r.get("tflops", r.get(

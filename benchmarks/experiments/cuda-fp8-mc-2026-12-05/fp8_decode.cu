@@ -1,5 +1,6 @@
 // The fp8 decode expert call (a few tokens) in CUDA, two launches: a device probe for issue 12's
-// T=1 cells (README.md). qwen3-30b-a3b T=1 is the fp8 matrix's lowest cell (0.407 of its
+// T=1 cells (README.md); at the end, the same pair for bf16 weights (issue 11's T=1 cells:
+// qwen3-30b-a3b T=1 bf16 reads 0.702 of its floor, the model geomean 0.848 against 0.85). qwen3-30b-a3b T=1 is the fp8 matrix's lowest cell (0.407 of its
 // floor, 21.2 µs for 8.6 µs of bytes on the H200, 2026-12-05); Nsight Compute had the shipped
 // Triton gate/up at 52 % of DRAM peak and 9 % occupancy, its warps waiting on weight tiles.
 //
@@ -87,6 +88,48 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a2
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// d += A(16x16, bf16, rows 8-15 zero) * B(16x8, bf16); fp32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// bf16: the dot of 8 weight rows with one activation row over chunks [c_begin, c_end) of 32
+// columns (64 bytes): lane (g, q) loads row g's 8 values at 32 c + 8 q; one accumulator, times
+// `extra` at the end, into sums[0..1] (columns 2q, 2q + 1). The activation row is read
+// from global memory (L1 after its first use).
+__device__ __forceinline__ void dot8_bf16(const __nv_bfloat16* __restrict__ wrow,
+                                          const __nv_bfloat16* __restrict__ xrow, float extra,
+                                          int c_begin, int c_end, int lane, float (&sums)[2]) {
+  constexpr int UB = 2 * U;  // chunks per load batch (the fp8 form's bytes per batch)
+  const int q = lane % 4;
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int c0 = c_begin; c0 < c_end; c0 += UB) {
+    uint4 w[UB];
+#pragma unroll
+    for (int u = 0; u < UB; ++u) {
+      const int c = c0 + u;
+      w[u] = c < c_end ? __ldg(reinterpret_cast<const uint4*>(wrow + 32 * c + 8 * q))
+                       : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < UB; ++u) {
+      const int c = c0 + u;
+      if (c < c_end) {
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(xrow + 32 * c + 8 * q));
+        mma_bf16(d, x.x, x.y, w[u].x, w[u].y);
+        mma_bf16(d, x.z, x.w, w[u].z, w[u].w);
+      }
+    }
+  }
+  sums[0] += d[0] * extra;
+  sums[1] += d[1] * extra;
 }
 
 // The scaled dot of 8 weight rows with one activation row over groups [g_begin, g_end):
@@ -262,6 +305,113 @@ __global__ void __launch_bounds__(32 * RS * KW, 1)
   }
 }
 
+
+// bf16 kernel 1 (issue 11's decode cells): act[p, c] = silu(x[t] . W13[e, c]) * (x[t] .
+// W13[e, I + c]) in bf16, unweighted. grid (I / (8 * RS), P); block 32 * RS * KS: warp w takes
+// column set w / KS and the w % KS-th share of the H / 32 chunks.
+template <int RS, int KS, bool PDL>
+__global__ void __launch_bounds__(32 * RS * KS, 1)
+    gate_up_bf16_kernel(const __nv_bfloat16* __restrict__ x,
+                        const __nv_bfloat16* __restrict__ w13, const int* __restrict__ ids,
+                        __nv_bfloat16* __restrict__ act, int top_k, int hidden, int inter,
+                        int slots) {
+  __shared__ float part[RS * KS * 8 * 2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int p = blockIdx.y;
+  const int e = ids[p];
+  if (e < 0 || e >= slots) return;
+  const int t = p / top_k;
+  const int rs = warp / KS, ks = warp % KS;
+  const int c0 = (blockIdx.x * RS + rs) * 8;
+  const __nv_bfloat16* gate =
+      w13 + (static_cast<size_t>(e) * 2 * inter + c0 + lane / 4) * hidden;
+  const __nv_bfloat16* up = gate + static_cast<size_t>(inter) * hidden;
+  const int chunks = hidden / 32;
+  const int per = (chunks + KS - 1) / KS;
+  const int k_begin = ks * per, k_end = min(chunks, k_begin + per);
+  if (k_begin < k_end && lane % 4 < 2) {  // lane 4g: gate row g, lane 4g + 1: up row g
+    prefetch_l2((lane % 4 ? up : gate) + 32 * k_begin, 64 * (k_end - k_begin));
+  }
+  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  float gs[2] = {0.f, 0.f}, us[2] = {0.f, 0.f};
+  const __nv_bfloat16* xrow = x + static_cast<size_t>(t) * hidden;
+  dot8_bf16(gate, xrow, 1.f, k_begin, k_end, lane, gs);
+  dot8_bf16(up, xrow, 1.f, k_begin, k_end, lane, us);
+  if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (lane < 4) {
+    float* dst = part + ((rs * KS + ks) * 8 + 2 * lane) * 2;
+    dst[0] = gs[0];
+    dst[1] = us[0];
+    dst[2] = gs[1];
+    dst[3] = us[1];
+  }
+  __syncthreads();
+  if (ks == 0 && lane < 8) {
+    float g = 0.f, u = 0.f;
+    for (int k = 0; k < KS; ++k) {
+      const float* src = part + ((rs * KS + k) * 8 + lane) * 2;
+      g += src[0];
+      u += src[1];
+    }
+    act[static_cast<size_t>(p) * inter + c0 + lane] =
+        __float2bfloat16_rn(g / (1.f + __expf(-g)) * u);
+  }
+}
+
+// bf16 kernel 2: out[t, n] = sum_j w[t, j] * (act[p] . W2[e, n]). grid (H / (8 * RS), T);
+// block 32 * RS * KW: warp w takes column set w / KW and the w % KW-th share of the
+// K * I / 32 (pair, chunk) units. With PDL its first weights are prefetched into L2 before
+// the wait.
+template <int RS, int KW, bool PDL>
+__global__ void __launch_bounds__(32 * RS * KW, 1)
+    down_bf16_kernel(const __nv_bfloat16* __restrict__ act,
+                     const __nv_bfloat16* __restrict__ w2, const int* __restrict__ ids,
+                     const float* __restrict__ topk_w, __nv_bfloat16* __restrict__ out,
+                     int top_k, int hidden, int inter, int slots) {
+  __shared__ float part[RS * KW * 8];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.y;
+  const int rs = warp / KW, kw = warp % KW;
+  const int n0 = (blockIdx.x * RS + rs) * 8;
+  const int chunks = inter / 32;
+  const int units = top_k * chunks;
+  const int per = (units + KW - 1) / KW;
+  const int u_begin = kw * per, u_end = min(units, u_begin + per);
+  if (u_begin < u_end && lane % 4 == 0) {
+    const int j = u_begin / chunks;
+    const int e = ids[t * top_k + j];
+    const int c_stop = min(u_end - j * chunks, chunks);
+    if (e >= 0 && e < slots)
+      prefetch_l2(w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter +
+                      32 * (u_begin - j * chunks),
+                  64 * (c_stop - (u_begin - j * chunks)));
+  }
+  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  float sums[2] = {0.f, 0.f};
+  for (int u = u_begin; u < u_end;) {
+    const int j = u / chunks;
+    const int stop = min(u_end, (j + 1) * chunks);
+    const int e = ids[t * top_k + j];
+    if (e >= 0 && e < slots) {
+      const __nv_bfloat16* wrow = w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter;
+      dot8_bf16(wrow, act + (static_cast<size_t>(t) * top_k + j) * inter,
+                topk_w[t * top_k + j], u - j * chunks, stop - j * chunks, lane, sums);
+    }
+    u = stop;
+  }
+  if (lane < 4) {
+    float* dst = part + (rs * KW + kw) * 8 + 2 * lane;
+    dst[0] = sums[0];
+    dst[1] = sums[1];
+  }
+  __syncthreads();
+  if (kw == 0 && lane < 8) {
+    float v = 0.f;
+    for (int k = 0; k < KW; ++k) v += part[(rs * KW + k) * 8 + lane];
+    out[static_cast<size_t>(t) * hidden + n0 + lane] = __float2bfloat16_rn(v);
+  }
+}
+
 }  // namespace
 
 // C ABI for ctypes. x [T, H] bf16, w13/s13, w2/s2, ids [T, K] int32, topk_w [T, K] fp32,
@@ -310,6 +460,50 @@ extern "C" int fp8_decode(const void* x, const void* w13, const float* s13, cons
 #define MOERUN_DN(KW_, PDL_)                                                                 \
   if (kw == KW_ && (pdl != 0) == PDL_)                                                       \
     err = cudaLaunchKernelEx(&cfg, down_kernel<RS, KW_, PDL_>, actb, w2b, s2, ids, topk_w,   \
+                             outb, K, H, I, S);
+  MOERUN_DN(1, false) MOERUN_DN(2, false) MOERUN_DN(4, false) MOERUN_DN(8, false)
+  MOERUN_DN(1, true) MOERUN_DN(2, true) MOERUN_DN(4, true) MOERUN_DN(8, true)
+#undef MOERUN_DN
+  return err == cudaSuccess ? 0 : 2000 + static_cast<int>(err);
+}
+
+// The bf16 pair (no scales): x [T, H], w13 [S, 2I, H], w2 [S, H, I] bf16; otherwise as
+// fp8_decode. Returns 0 or a code naming the failed step.
+extern "C" int bf16_decode(const void* x, const void* w13, const void* w2, const int* ids,
+                           const float* topk_w, void* act, void* out, int T, int K, int H, int I,
+                           int S, int ks, int kw, int pdl, void* stream) {
+  if (H % 32 || I % 32 || T < 1 || K < 1) return -100;
+  const auto ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
+  if (!ok(ks) || !ok(kw)) return -101;
+  constexpr int RS = 1;
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* w13b = static_cast<const __nv_bfloat16*>(w13);
+  const auto* w2b = static_cast<const __nv_bfloat16*>(w2);
+  auto* actb = static_cast<__nv_bfloat16*>(act);
+  auto* outb = static_cast<__nv_bfloat16*>(out);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  cudaError_t err = cudaSuccess;
+  cfg.gridDim = dim3(I / (8 * RS), T * K, 1);
+  cfg.blockDim = dim3(32 * RS * ks, 1, 1);
+#define MOERUN_GU(KS_, PDL_)                                                                 \
+  if (ks == KS_ && (pdl != 0) == PDL_)                                                       \
+    err = cudaLaunchKernelEx(&cfg, gate_up_bf16_kernel<RS, KS_, PDL_>, xb, w13b, ids, actb,  \
+                             K, H, I, S);
+  MOERUN_GU(1, false) MOERUN_GU(2, false) MOERUN_GU(4, false) MOERUN_GU(8, false)
+  MOERUN_GU(1, true) MOERUN_GU(2, true) MOERUN_GU(4, true) MOERUN_GU(8, true)
+#undef MOERUN_GU
+  if (err != cudaSuccess) return 1000 + static_cast<int>(err);
+  cfg.gridDim = dim3(H / (8 * RS), T, 1);
+  cfg.blockDim = dim3(32 * RS * kw, 1, 1);
+#define MOERUN_DN(KW_, PDL_)                                                                 \
+  if (kw == KW_ && (pdl != 0) == PDL_)                                                       \
+    err = cudaLaunchKernelEx(&cfg, down_bf16_kernel<RS, KW_, PDL_>, actb, w2b, ids, topk_w,  \
                              outb, K, H, I, S);
   MOERUN_DN(1, false) MOERUN_DN(2, false) MOERUN_DN(4, false) MOERUN_DN(8, false)
   MOERUN_DN(1, true) MOERUN_DN(2, true) MOERUN_DN(4, true) MOERUN_DN(8, true)
