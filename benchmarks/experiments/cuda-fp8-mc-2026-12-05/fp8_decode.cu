@@ -188,6 +188,9 @@ __global__ void __launch_bounds__(32 * RS * KS, 1)
   float* part = xs + groups;                                // [RS][KS][8][2] partial sums
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int p = blockIdx.y;
+  // ids and x may come from the launch just before (the router): nothing global is read
+  // before the PDL wait
+  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int e = ids[p];
   if (e < 0 || e >= slots) return;  // an excluded pair: its row is not written (uniform)
   const int t = p / top_k;
@@ -201,12 +204,11 @@ __global__ void __launch_bounds__(32 * RS * KS, 1)
   const float* su = sg + static_cast<size_t>(inter / G) * kb;
   const int per = (groups + KS - 1) / KS;
   const int g_begin = ks * per, g_end = min(groups, g_begin + per);
-  // this warp's weight bytes start moving before x is read and quantized: one bulk L2
+  // this warp's weight bytes start moving while x is read and quantized: one bulk L2
   // prefetch per row (lane 4g: gate row g, lane 4g + 1: up row g)
   if (g_begin < g_end && lane % 4 < 2) {
     prefetch_l2((lane % 4 ? up : gate) + G * g_begin, G * (g_end - g_begin));
   }
-  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int g = warp; g < groups; g += blockDim.x / 32) {
     const float s = quantize_group(x + static_cast<size_t>(t) * hidden + G * g, xq + G * g,
                                    lane);
@@ -259,7 +261,9 @@ __global__ void __launch_bounds__(32 * RS * KW, 1)
   const int per = (units + KW - 1) / KW;
   const int u_begin = kw * per, u_end = min(units, u_begin + per);
   // the weights do not depend on the gate/up grid: this warp's rows of its first pair start
-  // moving into L2 before the wait (one bulk prefetch per row, lane 4g)
+  // moving into L2 before the wait (one bulk prefetch per row, lane 4g). Reading ids here is
+  // safe: the gate/up grid triggers this launch only after its own wait, so the router's
+  // writes are visible by then.
   if (u_begin < u_end && lane % 4 == 0) {
     const int j = u_begin / groups;
     const int e = ids[t * top_k + j];
@@ -318,6 +322,7 @@ __global__ void __launch_bounds__(32 * RS * KS, 1)
   __shared__ float part[RS * KS * 8 * 2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int p = blockIdx.y;
+  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");  // ids, x: the launch before's
   const int e = ids[p];
   if (e < 0 || e >= slots) return;
   const int t = p / top_k;
@@ -332,7 +337,6 @@ __global__ void __launch_bounds__(32 * RS * KS, 1)
   if (k_begin < k_end && lane % 4 < 2) {  // lane 4g: gate row g, lane 4g + 1: up row g
     prefetch_l2((lane % 4 ? up : gate) + 32 * k_begin, 64 * (k_end - k_begin));
   }
-  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
   float gs[2] = {0.f, 0.f}, us[2] = {0.f, 0.f};
   const __nv_bfloat16* xrow = x + static_cast<size_t>(t) * hidden;
   dot8_bf16(gate, xrow, 1.f, k_begin, k_end, lane, gs);
