@@ -173,6 +173,52 @@ __device__ __forceinline__ void dot8(const uint8_t* __restrict__ wrow, const uin
   }
 }
 
+// The epilogue of a gate/up column set shared by KS warps: each warp's lanes 0-3 put their
+// two columns' gate and up sums in `part` ([RS][KS][8][2]); after the block barrier, lane c
+// (< 8) of the set's first warp adds the KS shares in warp order and writes
+// act[p, c0 + c] = silu(g) * u in bf16. Every thread of the block calls it.
+template <int KS>
+__device__ __forceinline__ void gate_up_epilogue(float* part, int rs, int ks, int lane,
+                                                 const float (&gs)[2], const float (&us)[2],
+                                                 __nv_bfloat16* act_row, int c0) {
+  if (lane < 4) {
+    float* dst = part + ((rs * KS + ks) * 8 + 2 * lane) * 2;
+    dst[0] = gs[0];
+    dst[1] = us[0];
+    dst[2] = gs[1];
+    dst[3] = us[1];
+  }
+  __syncthreads();
+  if (ks == 0 && lane < 8) {
+    float g = 0.f, u = 0.f;
+    for (int k = 0; k < KS; ++k) {
+      const float* src = part + ((rs * KS + k) * 8 + lane) * 2;
+      g += src[0];
+      u += src[1];
+    }
+    act_row[c0 + lane] = __float2bfloat16_rn(g / (1.f + __expf(-g)) * u);
+  }
+}
+
+// The epilogue of a down column set shared by KW warps: the shares of `part` ([RS][KW][8])
+// added in warp order into out_row[n0 + c] (bf16). Every thread of the block calls it.
+template <int KW>
+__device__ __forceinline__ void down_epilogue(float* part, int rs, int kw, int lane,
+                                              const float (&sums)[2], __nv_bfloat16* out_row,
+                                              int n0) {
+  if (lane < 4) {
+    float* dst = part + (rs * KW + kw) * 8 + 2 * lane;
+    dst[0] = sums[0];
+    dst[1] = sums[1];
+  }
+  __syncthreads();
+  if (kw == 0 && lane < 8) {
+    float v = 0.f;
+    for (int k = 0; k < KW; ++k) v += part[(rs * KW + k) * 8 + lane];
+    out_row[n0 + lane] = __float2bfloat16_rn(v);
+  }
+}
+
 // Kernel 1. grid (I / (8 * RS), P); block 32 * RS * KS: warp w takes column set w / KS (8
 // intermediate columns, their gate and up rows) and the w % KS-th share of the H / 128 groups.
 template <int RS, int KS, bool PDL>
@@ -219,24 +265,7 @@ __global__ void __launch_bounds__(32 * RS * KS, 1)
   dot8(gate, xq, xs, sg, 1.f, g_begin, g_end, lane, gs);
   dot8(up, xq, xs, su, 1.f, g_begin, g_end, lane, us);
   if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (lane < 4) {
-    float* dst = part + ((rs * KS + ks) * 8 + 2 * lane) * 2;
-    dst[0] = gs[0];
-    dst[1] = us[0];
-    dst[2] = gs[1];
-    dst[3] = us[1];
-  }
-  __syncthreads();
-  if (ks == 0 && lane < 8) {  // column c0 + lane: the KS shares in warp order
-    float g = 0.f, u = 0.f;
-    for (int k = 0; k < KS; ++k) {
-      const float* src = part + ((rs * KS + k) * 8 + lane) * 2;
-      g += src[0];
-      u += src[1];
-    }
-    act[static_cast<size_t>(p) * inter + c0 + lane] =
-        __float2bfloat16_rn(g / (1.f + __expf(-g)) * u);
-  }
+  gate_up_epilogue<KS>(part, rs, ks, lane, gs, us, act + static_cast<size_t>(p) * inter, c0);
 }
 
 // Kernel 2. grid (H / (8 * RS), T); block 32 * RS * KW: warp w takes column set w / KW (8
@@ -296,17 +325,7 @@ __global__ void __launch_bounds__(32 * RS * KW, 1)
     }
     u = stop;
   }
-  if (lane < 4) {
-    float* dst = part + (rs * KW + kw) * 8 + 2 * lane;
-    dst[0] = sums[0];
-    dst[1] = sums[1];
-  }
-  __syncthreads();
-  if (kw == 0 && lane < 8) {
-    float v = 0.f;
-    for (int k = 0; k < KW; ++k) v += part[(rs * KW + k) * 8 + lane];
-    out[static_cast<size_t>(t) * hidden + n0 + lane] = __float2bfloat16_rn(v);
-  }
+  down_epilogue<KW>(part, rs, kw, lane, sums, out + static_cast<size_t>(t) * hidden, n0);
 }
 
 
@@ -342,24 +361,7 @@ __global__ void __launch_bounds__(32 * RS * KS, 1)
   dot8_bf16(gate, xrow, 1.f, k_begin, k_end, lane, gs);
   dot8_bf16(up, xrow, 1.f, k_begin, k_end, lane, us);
   if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (lane < 4) {
-    float* dst = part + ((rs * KS + ks) * 8 + 2 * lane) * 2;
-    dst[0] = gs[0];
-    dst[1] = us[0];
-    dst[2] = gs[1];
-    dst[3] = us[1];
-  }
-  __syncthreads();
-  if (ks == 0 && lane < 8) {
-    float g = 0.f, u = 0.f;
-    for (int k = 0; k < KS; ++k) {
-      const float* src = part + ((rs * KS + k) * 8 + lane) * 2;
-      g += src[0];
-      u += src[1];
-    }
-    act[static_cast<size_t>(p) * inter + c0 + lane] =
-        __float2bfloat16_rn(g / (1.f + __expf(-g)) * u);
-  }
+  gate_up_epilogue<KS>(part, rs, ks, lane, gs, us, act + static_cast<size_t>(p) * inter, c0);
 }
 
 // bf16 kernel 2: out[t, n] = sum_j w[t, j] * (act[p] . W2[e, n]). grid (H / (8 * RS), T);
@@ -403,17 +405,7 @@ __global__ void __launch_bounds__(32 * RS * KW, 1)
     }
     u = stop;
   }
-  if (lane < 4) {
-    float* dst = part + (rs * KW + kw) * 8 + 2 * lane;
-    dst[0] = sums[0];
-    dst[1] = sums[1];
-  }
-  __syncthreads();
-  if (kw == 0 && lane < 8) {
-    float v = 0.f;
-    for (int k = 0; k < KW; ++k) v += part[(rs * KW + k) * 8 + lane];
-    out[static_cast<size_t>(t) * hidden + n0 + lane] = __float2bfloat16_rn(v);
-  }
+  down_epilogue<KW>(part, rs, kw, lane, sums, out + static_cast<size_t>(t) * hidden, n0);
 }
 
 }  // namespace
