@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import sys
-import time
 
 import torch
 
@@ -36,7 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 from decode_breakdown import _graph_us  # noqa: E402 - graph replay timer (2 warm-ups)
-from moe_probe import _reference, _rel, _setup, _shipped  # noqa: E402
+from moe_probe import _reference, _rel, _setup, _shipped, _verdict  # noqa: E402
+from probe import Recorder  # noqa: E402
 
 CELLS = ["qwen3-30b-a3b:1", "qwen3-235b-a22b:1", "deepseek-v3:1", "mixtral8x7b:1",
          "qwen3-30b-a3b:4"]
@@ -126,12 +125,7 @@ def main() -> None:
     lib = _lib(args.lib)
     be = TritonExperts()
     dev = torch.device("cuda")
-    rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
-
-    def emit(row):
-        rec["rows"].append(row)
-        print(json.dumps(row), flush=True)
+    emit = Recorder()
 
     cells = ["qwen3-30b-a3b:1", "qwen3-30b-a3b:3", "mixtral8x7b:2", "deepseek-v3:1"] \
         if args.check else args.cells.split(",")
@@ -171,10 +165,7 @@ def main() -> None:
                                        kw=kw, pdl=pdl)
                 res = fn().clone()
                 torch.cuda.synchronize()
-                row.update(rel_ref=_rel(res, ref), rel_shipped=_rel(res, ship_out),
-                           nan=bool(torch.isnan(res.float()).any()))
-                row["ok"] = (not row["nan"] and row["rel_ref"] <= (1e-2 if bf16 else 3e-2)
-                             and row["rel_shipped"] <= 1e-2)
+                row.update(_verdict(res, ref, ship_out, 1e-2 if bf16 else 3e-2))
                 good &= row["ok"]
                 if not args.check:
                     row["us"] = round(_graph_us(fn, args.calls, args.replays), 2)
@@ -184,9 +175,7 @@ def main() -> None:
             emit(row)
     if args.check:
         print(f"{'ok' if good else 'FAILED'} decode {args.dtype}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1)
+    emit.save(args.out)
 
 
 if __name__ == "__main__":

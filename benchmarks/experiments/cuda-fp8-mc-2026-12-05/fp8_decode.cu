@@ -1,8 +1,9 @@
 // The fp8 decode expert call (a few tokens) in CUDA, two launches: a device probe for issue 12's
-// T=1 cells (README.md); at the end, the same pair for bf16 weights (issue 11's T=1 cells:
-// qwen3-30b-a3b T=1 bf16 reads 0.702 of its floor, the model geomean 0.848 against 0.85). qwen3-30b-a3b T=1 is the fp8 matrix's lowest cell (0.407 of its
+// T=1 cells (README.md). qwen3-30b-a3b T=1 is the fp8 matrix's lowest cell (0.407 of its
 // floor, 21.2 µs for 8.6 µs of bytes on the H200, 2026-12-05); Nsight Compute had the shipped
 // Triton gate/up at 52 % of DRAM peak and 9 % occupancy, its warps waiting on weight tiles.
+// At the end, the same pair for bf16 weights (issue 11's T=1 cells: qwen3-30b-a3b T=1 bf16
+// reads 0.702 of its floor, the model geomean 0.848 against 0.85).
 //
 // Legend: T tokens, K top-k, P = T * K pairs (p = t * K + j), S slots, H hidden, I
 // intermediate; weights e4m3 with fp32 128 x 128 block scales (w13 [S, 2I, H], s13
@@ -38,6 +39,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace {
 
@@ -219,6 +221,40 @@ __device__ __forceinline__ void down_epilogue(float* part, int rs, int kw, int l
   }
 }
 
+// A down warp's share [u_begin, u_end) of its token's (pair, unit) work, `per_pair` units
+// per pair: f(j, e, first, stop) for each run of units within one pair j whose slot e is valid
+// (first, stop counted within the pair). ids_t: the token's K slot ids.
+template <typename F>
+__device__ __forceinline__ void for_pair_runs(int u_begin, int u_end, int per_pair,
+                                              const int* ids_t, int slots, F&& f) {
+  for (int u = u_begin; u < u_end;) {
+    const int j = u / per_pair;
+    const int stop = min(u_end, (j + 1) * per_pair);
+    const int e = ids_t[j];
+    if (e >= 0 && e < slots) f(j, e, u - j * per_pair, stop - j * per_pair);
+    u = stop;
+  }
+}
+
+// Before a down launch's PDL wait: the weight rows of the warp's first pair run start moving
+// into L2 (one bulk prefetch per row, lane 4g: row n0 + g of W2[e], `row_bytes` each, units
+// of `unit_bytes`). The weights do not depend on the gate/up grid, and reading ids here is
+// safe: that grid triggers this launch only after its own wait, so the router's writes are
+// visible by then.
+__device__ __forceinline__ void prefetch_first_run(const uint8_t* w2, int hidden, int row_bytes,
+                                                   int unit_bytes, int n0, int lane,
+                                                   int u_begin, int u_end, int per_pair,
+                                                   const int* ids_t, int slots) {
+  if (u_begin >= u_end || lane % 4) return;
+  const int j = u_begin / per_pair;
+  const int stop = min(u_end, (j + 1) * per_pair);
+  for_pair_runs(u_begin, stop, per_pair, ids_t, slots, [&](int, int e, int first, int last) {
+    prefetch_l2(w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * row_bytes +
+                    unit_bytes * first,
+                unit_bytes * (last - first));
+  });
+}
+
 // Kernel 1. grid (I / (8 * RS), P); block 32 * RS * KS: warp w takes column set w / KS (8
 // intermediate columns, their gate and up rows) and the w % KS-th share of the H / 128 groups.
 template <int RS, int KS, bool PDL>
@@ -289,19 +325,8 @@ __global__ void __launch_bounds__(32 * RS * KW, 1)
   const int units = top_k * groups;
   const int per = (units + KW - 1) / KW;
   const int u_begin = kw * per, u_end = min(units, u_begin + per);
-  // the weights do not depend on the gate/up grid: this warp's rows of its first pair start
-  // moving into L2 before the wait (one bulk prefetch per row, lane 4g). Reading ids here is
-  // safe: the gate/up grid triggers this launch only after its own wait, so the router's
-  // writes are visible by then.
-  if (u_begin < u_end && lane % 4 == 0) {
-    const int j = u_begin / groups;
-    const int e = ids[t * top_k + j];
-    const int g_stop = min(u_end - j * groups, groups);
-    if (e >= 0 && e < slots)
-      prefetch_l2(w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter +
-                      G * (u_begin - j * groups),
-                  G * (g_stop - (u_begin - j * groups)));
-  }
+  const int* ids_t = ids + t * top_k;
+  prefetch_first_run(w2, hidden, inter, G, n0, lane, u_begin, u_end, groups, ids_t, slots);
   if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int u = warp; u < units; u += blockDim.x / 32) {
     const int j = u / groups, g = u % groups;
@@ -313,18 +338,12 @@ __global__ void __launch_bounds__(32 * RS * KW, 1)
   }
   __syncthreads();
   float sums[2] = {0.f, 0.f};
-  for (int u = u_begin; u < u_end;) {  // runs of units within one pair
-    const int j = u / groups;
-    const int stop = min(u_end, (j + 1) * groups);
-    const int e = ids[t * top_k + j];
-    if (e >= 0 && e < slots) {
-      const uint8_t* wrow = w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter;
-      const float* ws = s2 + (static_cast<size_t>(e) * (hidden / G) + n0 / G) * groups;
-      dot8(wrow, aq + j * inter, as + j * groups, ws, topk_w[t * top_k + j], u - j * groups,
-           stop - j * groups, lane, sums);
-    }
-    u = stop;
-  }
+  for_pair_runs(u_begin, u_end, groups, ids_t, slots, [&](int j, int e, int first, int stop) {
+    const uint8_t* wrow = w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter;
+    const float* ws = s2 + (static_cast<size_t>(e) * (hidden / G) + n0 / G) * groups;
+    dot8(wrow, aq + j * inter, as + j * groups, ws, topk_w[t * top_k + j], first, stop, lane,
+         sums);
+  });
   down_epilogue<KW>(part, rs, kw, lane, sums, out + static_cast<size_t>(t) * hidden, n0);
 }
 
@@ -383,30 +402,50 @@ __global__ void __launch_bounds__(32 * RS * KW, 1)
   const int units = top_k * chunks;
   const int per = (units + KW - 1) / KW;
   const int u_begin = kw * per, u_end = min(units, u_begin + per);
-  if (u_begin < u_end && lane % 4 == 0) {
-    const int j = u_begin / chunks;
-    const int e = ids[t * top_k + j];
-    const int c_stop = min(u_end - j * chunks, chunks);
-    if (e >= 0 && e < slots)
-      prefetch_l2(w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter +
-                      32 * (u_begin - j * chunks),
-                  64 * (c_stop - (u_begin - j * chunks)));
-  }
+  const int* ids_t = ids + t * top_k;
+  prefetch_first_run(reinterpret_cast<const uint8_t*>(w2), hidden, 2 * inter, 64, n0, lane,
+                     u_begin, u_end, chunks, ids_t, slots);
   if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
   float sums[2] = {0.f, 0.f};
-  for (int u = u_begin; u < u_end;) {
-    const int j = u / chunks;
-    const int stop = min(u_end, (j + 1) * chunks);
-    const int e = ids[t * top_k + j];
-    if (e >= 0 && e < slots) {
-      const __nv_bfloat16* wrow = w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter;
-      dot8_bf16(wrow, act + (static_cast<size_t>(t) * top_k + j) * inter,
-                topk_w[t * top_k + j], u - j * chunks, stop - j * chunks, lane, sums);
-    }
-    u = stop;
-  }
+  for_pair_runs(u_begin, u_end, chunks, ids_t, slots, [&](int j, int e, int first, int stop) {
+    const __nv_bfloat16* wrow = w2 + (static_cast<size_t>(e) * hidden + n0 + lane / 4) * inter;
+    dot8_bf16(wrow, act + (static_cast<size_t>(t) * top_k + j) * inter, topk_w[t * top_k + j],
+              first, stop, lane, sums);
+  });
   down_epilogue<KW>(part, rs, kw, lane, sums, out + static_cast<size_t>(t) * hidden, n0);
 }
+
+// The launch config of a decode kernel: the programmatic-stream-serialization attribute
+// (PDL) when `pdl`, kept in *attr.
+cudaLaunchConfig_t pair_config(cudaStream_t stream, bool pdl, cudaLaunchAttribute* attr,
+                               dim3 grid, dim3 block, size_t smem) {
+  attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr->val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cfg;
+}
+
+// launch(n, p) with the runtime warps-per-set knob `n` (1, 2, 4 or 8) and `pdl` as the
+// compile-time constants the kernel templates take.
+template <typename F>
+cudaError_t by_knobs(int n, bool pdl, F&& launch) {
+  const auto with = [&](auto nc) {
+    return pdl ? launch(nc, std::true_type{}) : launch(nc, std::false_type{});
+  };
+  switch (n) {
+    case 1: return with(std::integral_constant<int, 1>{});
+    case 2: return with(std::integral_constant<int, 2>{});
+    case 4: return with(std::integral_constant<int, 4>{});
+    default: return with(std::integral_constant<int, 8>{});
+  }
+}
+
 
 }  // namespace
 
@@ -421,45 +460,30 @@ extern "C" int fp8_decode(const void* x, const void* w13, const float* s13, cons
   if (H % G || I % G || T < 1 || K < 1) return -100;
   const auto ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
   if (!ok(ks) || !ok(kw)) return -101;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const auto st = static_cast<cudaStream_t>(stream);
   constexpr int RS = 1;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* w13b = static_cast<const uint8_t*>(w13);
   const auto* w2b = static_cast<const uint8_t*>(w2);
   auto* actb = static_cast<__nv_bfloat16*>(act);
   auto* outb = static_cast<__nv_bfloat16*>(out);
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.stream = st;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  cudaError_t err = cudaSuccess;
-  // gate/up
-  cfg.gridDim = dim3(I / (8 * RS), T * K, 1);
-  cfg.blockDim = dim3(32 * RS * ks, 1, 1);
-  cfg.dynamicSmemBytes = H + (H / G) * 4 + RS * ks * 8 * 2 * 4;
-#define MOERUN_GU(KS_, PDL_)                                                                \
-  if (ks == KS_ && (pdl != 0) == PDL_)                                                      \
-    err = cudaLaunchKernelEx(&cfg, gate_up_kernel<RS, KS_, PDL_>, xb, w13b, s13, ids, actb, \
-                             K, H, I, S);
-  MOERUN_GU(1, false) MOERUN_GU(2, false) MOERUN_GU(4, false) MOERUN_GU(8, false)
-  MOERUN_GU(1, true) MOERUN_GU(2, true) MOERUN_GU(4, true) MOERUN_GU(8, true)
-#undef MOERUN_GU
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = pair_config(st, pdl, &attr, dim3(I / (8 * RS), T * K, 1),
+                                       dim3(32 * RS * ks, 1, 1),
+                                       H + (H / G) * 4 + RS * ks * 8 * 2 * 4);
+  cudaError_t err = by_knobs(ks, pdl, [&](auto n, auto p) {
+    return cudaLaunchKernelEx(&cfg, gate_up_kernel<RS, decltype(n)::value, decltype(p)::value>,
+                              xb, w13b, s13, ids, actb, K, H, I, S);
+  });
   if (err != cudaSuccess) return 1000 + static_cast<int>(err);
-  // down
-  cfg.gridDim = dim3(H / (8 * RS), T, 1);
-  cfg.blockDim = dim3(32 * RS * kw, 1, 1);
-  cfg.dynamicSmemBytes = K * I + K * (I / G) * 4 + RS * kw * 8 * 4;
-  if (cfg.dynamicSmemBytes > 48 * 1024) return -102;
-#define MOERUN_DN(KW_, PDL_)                                                                 \
-  if (kw == KW_ && (pdl != 0) == PDL_)                                                       \
-    err = cudaLaunchKernelEx(&cfg, down_kernel<RS, KW_, PDL_>, actb, w2b, s2, ids, topk_w,   \
-                             outb, K, H, I, S);
-  MOERUN_DN(1, false) MOERUN_DN(2, false) MOERUN_DN(4, false) MOERUN_DN(8, false)
-  MOERUN_DN(1, true) MOERUN_DN(2, true) MOERUN_DN(4, true) MOERUN_DN(8, true)
-#undef MOERUN_DN
+  const size_t down_smem = K * I + K * (I / G) * 4 + RS * kw * 8 * 4;
+  if (down_smem > 48 * 1024) return -102;
+  cfg = pair_config(st, pdl, &attr, dim3(H / (8 * RS), T, 1), dim3(32 * RS * kw, 1, 1),
+                    down_smem);
+  err = by_knobs(kw, pdl, [&](auto n, auto p) {
+    return cudaLaunchKernelEx(&cfg, down_kernel<RS, decltype(n)::value, decltype(p)::value>,
+                              actb, w2b, s2, ids, topk_w, outb, K, H, I, S);
+  });
   return err == cudaSuccess ? 0 : 2000 + static_cast<int>(err);
 }
 
@@ -471,38 +495,26 @@ extern "C" int bf16_decode(const void* x, const void* w13, const void* w2, const
   if (H % 32 || I % 32 || T < 1 || K < 1) return -100;
   const auto ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
   if (!ok(ks) || !ok(kw)) return -101;
+  const auto st = static_cast<cudaStream_t>(stream);
   constexpr int RS = 1;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* w13b = static_cast<const __nv_bfloat16*>(w13);
   const auto* w2b = static_cast<const __nv_bfloat16*>(w2);
   auto* actb = static_cast<__nv_bfloat16*>(act);
   auto* outb = static_cast<__nv_bfloat16*>(out);
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  cudaError_t err = cudaSuccess;
-  cfg.gridDim = dim3(I / (8 * RS), T * K, 1);
-  cfg.blockDim = dim3(32 * RS * ks, 1, 1);
-#define MOERUN_GU(KS_, PDL_)                                                                 \
-  if (ks == KS_ && (pdl != 0) == PDL_)                                                       \
-    err = cudaLaunchKernelEx(&cfg, gate_up_bf16_kernel<RS, KS_, PDL_>, xb, w13b, ids, actb,  \
-                             K, H, I, S);
-  MOERUN_GU(1, false) MOERUN_GU(2, false) MOERUN_GU(4, false) MOERUN_GU(8, false)
-  MOERUN_GU(1, true) MOERUN_GU(2, true) MOERUN_GU(4, true) MOERUN_GU(8, true)
-#undef MOERUN_GU
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = pair_config(st, pdl, &attr, dim3(I / (8 * RS), T * K, 1),
+                                       dim3(32 * RS * ks, 1, 1), 0);
+  cudaError_t err = by_knobs(ks, pdl, [&](auto n, auto p) {
+    return cudaLaunchKernelEx(&cfg,
+                              gate_up_bf16_kernel<RS, decltype(n)::value, decltype(p)::value>,
+                              xb, w13b, ids, actb, K, H, I, S);
+  });
   if (err != cudaSuccess) return 1000 + static_cast<int>(err);
-  cfg.gridDim = dim3(H / (8 * RS), T, 1);
-  cfg.blockDim = dim3(32 * RS * kw, 1, 1);
-#define MOERUN_DN(KW_, PDL_)                                                                 \
-  if (kw == KW_ && (pdl != 0) == PDL_)                                                       \
-    err = cudaLaunchKernelEx(&cfg, down_bf16_kernel<RS, KW_, PDL_>, actb, w2b, ids, topk_w,  \
-                             outb, K, H, I, S);
-  MOERUN_DN(1, false) MOERUN_DN(2, false) MOERUN_DN(4, false) MOERUN_DN(8, false)
-  MOERUN_DN(1, true) MOERUN_DN(2, true) MOERUN_DN(4, true) MOERUN_DN(8, true)
-#undef MOERUN_DN
+  cfg = pair_config(st, pdl, &attr, dim3(H / (8 * RS), T, 1), dim3(32 * RS * kw, 1, 1), 0);
+  err = by_knobs(kw, pdl, [&](auto n, auto p) {
+    return cudaLaunchKernelEx(&cfg, down_bf16_kernel<RS, decltype(n)::value, decltype(p)::value>,
+                              actb, w2b, ids, topk_w, outb, K, H, I, S);
+  });
   return err == cudaSuccess ? 0 : 2000 + static_cast<int>(err);
 }

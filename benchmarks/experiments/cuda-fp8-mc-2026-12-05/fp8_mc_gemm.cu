@@ -78,12 +78,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         const int m = ALONG_M ? mp * MC + static_cast<int>(rank) : mp;
         const int n = ALONG_M ? np : np * MC + static_cast<int>(rank);
         for (int k = 0; k < k_steps; ++k, ++it) {
-          const uint32_t s = it % STAGES;
-          const uint32_t ph = (it / STAGES) & 1u;
-          mbar_wait(empty0 + 8 * s, ph ^ 1u);
-          const uint32_t full = full0 + 8 * s;
-          const uint32_t a_dst = base + s * STAGE_BYTES;
-          mbar_expect_tx(full, STAGE_BYTES);
+          uint32_t full;
+          const uint32_t a_dst = producer_acquire<STAGES>(it, base, full0, empty0, &full);
           const uint16_t all = static_cast<uint16_t>((1u << MC) - 1u);
           load_a<(ALONG_M ? 1 : MC)>(a_dst, &map_a, full, k, m * BM, rank);
           if (MC > 1 && ALONG_M) {  // my BN / MC weight rows into every CTA of the cluster
@@ -113,16 +109,13 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       for (int i = 0; i < 64; ++i) acc[i] = 0.f;
       float sa0 = sa_t[row0], sa1 = sa_t[row0 + 8], sbk = sb_row[0];
       for (int k = 0; k < k_steps; ++k, ++it) {
-        const uint32_t s = it % STAGES;
-        const uint32_t ph = (it / STAGES) & 1u;
         const int kn = k + 1 < k_steps ? k + 1 : k;  // next step's scales, loaded early
         const float nsa0 = sa_t[static_cast<size_t>(kn) * M + row0];
         const float nsa1 = sa_t[static_cast<size_t>(kn) * M + row0 + 8];
         const float nsb = sb_row[kn];
-        mbar_wait(full0 + 8 * s, ph);
-        const uint32_t a_tile = base + s * STAGE_BYTES + wg * A_HALF_BYTES;
-        const uint32_t b_tile = base + s * STAGE_BYTES + A_BYTES;
-        mma_stage<MC>(d, a_tile, b_tile, empty0 + 8 * s, lane);
+        const uint32_t stage = consumer_acquire<STAGES>(it, base, full0);
+        mma_stage<MC>(d, stage + wg * A_HALF_BYTES, stage + A_BYTES,
+                      empty0 + 8 * (it % STAGES), lane);
         const float s0 = sa0 * sbk;
         const float s1 = sa1 * sbk;
 #pragma unroll

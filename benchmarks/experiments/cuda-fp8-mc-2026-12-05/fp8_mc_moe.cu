@@ -76,12 +76,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         const int n = np * MC + static_cast<int>(rank);
         const int w_row = expert_ids[m] * rows_per_expert + n * (KIND == GATE_UP ? 64 : BN);
         for (int k = 0; k < k_steps; ++k, ++it) {
-          const uint32_t s = it % STAGES;
-          const uint32_t ph = (it / STAGES) & 1u;
-          mbar_wait(empty0 + 8 * s, ph ^ 1u);
-          const uint32_t full = full0 + 8 * s;
-          const uint32_t a_dst = base + s * STAGE_BYTES;
-          mbar_expect_tx(full, STAGE_BYTES);
+          uint32_t full;
+          const uint32_t a_dst = producer_acquire<STAGES>(it, base, full0, empty0, &full);
           load_a<MC>(a_dst, &map_a, full, k, m * BM, rank);
           if (KIND == GATE_UP) {  // 64 gate rows, then the 64 up rows `inter` further
             tma_load(a_dst + A_BYTES, &map_b, full, k * BK, w_row);
@@ -117,14 +113,11 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       for (int i = 0; i < 64; ++i) acc[i] = 0.f;
       float sa0 = sa_p0[0], sa1 = sa_p1[0], sg = sw0[0], su = sw1[0];
       for (int k = 0; k < k_steps; ++k, ++it) {
-        const uint32_t s = it % STAGES;
-        const uint32_t ph = (it / STAGES) & 1u;
         const int kn = k + 1 < k_steps ? k + 1 : k;
         const float nsa0 = sa_p0[kn], nsa1 = sa_p1[kn], nsg = sw0[kn], nsu = sw1[kn];
-        mbar_wait(full0 + 8 * s, ph);
-        const uint32_t a_tile = base + s * STAGE_BYTES + wg * A_HALF_BYTES;
-        const uint32_t b_tile = base + s * STAGE_BYTES + A_BYTES;
-        mma_stage<MC>(d, a_tile, b_tile, empty0 + 8 * s, lane);
+        const uint32_t stage = consumer_acquire<STAGES>(it, base, full0);
+        mma_stage<MC>(d, stage + wg * A_HALF_BYTES, stage + A_BYTES,
+                      empty0 + 8 * (it % STAGES), lane);
         // fragment i: column 8 * (i >> 2) + 2 * (lane % 4) + (i & 1), row +8 when i & 2;
         // gate/up: columns 0-63 (i < 32) are gate, 64-127 up
         const float g0 = sa0 * sg, g1 = sa1 * sg, u0 = sa0 * su, u1 = sa1 * su;

@@ -204,6 +204,29 @@ __device__ __forceinline__ void init_ring(uint32_t full0, uint32_t empty0) {
   }
 }
 
+// The producer's stage number `it` (a running count over the launch): waits until every
+// consumer released the ring slot, arms its full barrier for the stage's bytes; returns the
+// slot's shared address and its full barrier (*full).
+template <int STAGES>
+__device__ __forceinline__ uint32_t producer_acquire(uint32_t it, uint32_t base, uint32_t full0,
+                                                     uint32_t empty0, uint32_t* full) {
+  const uint32_t s = it % STAGES;
+  mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1u) ^ 1u);
+  *full = full0 + 8 * s;
+  mbar_expect_tx(*full, STAGE_BYTES);
+  return base + s * STAGE_BYTES;
+}
+
+// A consumer's stage number `it`: waits until the slot's bytes have landed; returns the slot's
+// shared address (A halves first, then B at A_BYTES).
+template <int STAGES>
+__device__ __forceinline__ uint32_t consumer_acquire(uint32_t it, uint32_t base,
+                                                     uint32_t full0) {
+  const uint32_t s = it % STAGES;
+  mbar_wait(full0 + 8 * s, (it / STAGES) & 1u);
+  return base + s * STAGE_BYTES;
+}
+
 // The producer's A copies of one stage: rows [row0, row0 + 128) of K step k into `a_dst`,
 // as two 64-row boxes (MC = 1), or this CTA's 128 / MC rows multicast to every CTA of the
 // cluster (the map's box is then 128 / MC rows).

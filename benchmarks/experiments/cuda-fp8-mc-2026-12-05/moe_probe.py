@@ -40,6 +40,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "ncu-2026-12-05"))
 from ab import _kernels, _timed  # noqa: E402 - the ncu experiment's timer and profiler
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from probe import Recorder  # noqa: E402
+
 CELLS = ["qwen3-30b-a3b:1024", "qwen3-30b-a3b:8192", "mixtral8x7b:1024", "mixtral8x7b:8192",
          "qwen3-235b-a22b:1024", "qwen3-235b-a22b:8192", "deepseek-v3:8192"]
 G = 128
@@ -130,6 +133,15 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _verdict(out, ref, shipped, bar: float) -> dict:
+    """``out``'s relative errors against the reference and the shipped call, whether it has a
+    NaN, and ``ok``: no NaN, within ``bar`` of the reference and 1e-2 of the shipped call."""
+    row = {"rel_ref": _rel(out, ref), "rel_shipped": _rel(out, shipped),
+           "nan": bool(torch.isnan(out.float()).any())}
+    row["ok"] = not row["nan"] and row["rel_ref"] <= bar and row["rel_shipped"] <= 1e-2
+    return row
+
+
 def _reference(x, w13, w2, s13, s2, w, ids):
     from moerun.quant import QuantConfig, reference_fp8_moe
 
@@ -154,12 +166,8 @@ def check(lib, be, mcs, stages_list) -> None:
                 out = cuda_call(lib, x, w13, w2, s13, s2, w, ids, mc=mc, stages=st)
                 torch.cuda.synchronize()
                 row = {"check": f"{name}:{t}", "mc": mc, "stages": st,
-                       "rel_ref": _rel(out, ref), "rel_shipped": _rel(out, ship),
-                       "shipped_rel_ref": _rel(ship, ref),
-                       "nan": bool(torch.isnan(out.float()).any()),
+                       **_verdict(out, ref, ship, 3e-2), "shipped_rel_ref": _rel(ship, ref),
                        "s": round(time.time() - t0, 3)}
-                row["ok"] = (not row["nan"] and row["rel_ref"] <= 3e-2
-                             and row["rel_shipped"] <= 1e-2)
                 good &= row["ok"]
                 print(json.dumps(row), flush=True)
         print(f"{'ok' if good else 'FAILED'} mc={mc}", flush=True)
@@ -185,12 +193,7 @@ def main() -> None:
         check(lib, be, mcs, stages_list)
         return
     dev = torch.device("cuda")
-    rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
-
-    def emit(row):
-        rec["rows"].append(row)
-        print(json.dumps(row), flush=True)
+    emit = Recorder()
 
     for cell in args.cells.split(","):
         name, t = cell.split(":")
@@ -231,9 +234,7 @@ def main() -> None:
         if first:
             prof[first] = _kernels(impls[first], top=8)
         emit({"cell": cell, "kernels_us": prof})
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1)
+    emit.save(args.out)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,25 @@ def _lib(path: str):
     return lib
 
 
+class Recorder:
+    """A probe run's rows: each printed as a JSON line as it comes (so a call cut short still
+    returns them), all kept with the device, torch version and UTC date for :meth:`save`."""
+
+    def __init__(self):
+        self.rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
+
+    def __call__(self, row: dict) -> None:
+        self.rec["rows"].append(row)
+        print(json.dumps(row), flush=True)
+
+    def save(self, path: str | None) -> None:
+        """Write every row and the header to ``path`` as JSON (nothing when None)."""
+        if path:
+            with open(path, "w") as f:
+                json.dump(self.rec, f, indent=1)
+
+
 def cuda_gemm(lib, a8, b8, sa_t, sb, c, *, mc: int, stages: int, epi: int, along_m: int = 0,
               ctas: int = 0) -> int:
     """``c = (a8, sa) @ (b8, sb)^T`` through the CUDA kernel: clusters of ``mc`` CTAs
@@ -136,12 +155,7 @@ def main() -> None:
     if args.check:
         check(lib, mcs, stages_list, args.small)
         return
-    rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
-
-    def emit(row):
-        rec["rows"].append(row)
-        print(json.dumps(row), flush=True)
+    emit = Recorder()
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     for shape in args.shapes.split(","):
@@ -181,9 +195,7 @@ def main() -> None:
                                                  epi=epi, along_m=am)
                     row(f"cuda_mc{mc}{'_b' if am else ''}", run, stages=st, epi=epi,
                         grid=grid)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1)
+    emit.save(args.out)
 
 
 if __name__ == "__main__":
