@@ -13,10 +13,15 @@ set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin
 D=benchmarks/experiments/cuda-fp8-mc-2026-12-05
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" | tee $OUT/log.txt
-for f in fp8_mc_gemm fp8_mc_moe fp8_decode; do
-  nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -shared -Xcompiler -fPIC \
-      -o /tmp/$f.so $D/$f.cu >> $OUT/log.txt 2>&1 || echo "build $f failed" | tee -a $OUT/log.txt
-done
+# the timing builds, and for the two cluster GEMMs the check builds (_wd.so: -DMC_WATCHDOG,
+# an mbarrier wait open for 10 s prints its barrier and traps instead of hanging), in parallel
+build() {  # build <source> <library> [flags]
+  nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -shared -Xcompiler -fPIC "${@:3}" \
+      -o $2 $D/$1.cu > $2.log 2>&1 || echo "build $2 failed: $(tail -3 $2.log)" | tee -a $OUT/log.txt
+}
+for f in fp8_mc_gemm fp8_mc_moe fp8_decode; do build $f /tmp/$f.so & done
+for f in fp8_mc_gemm fp8_mc_moe; do build $f /tmp/${f}_wd.so -DMC_WATCHDOG & done
+wait
 echo "built at ${SECONDS}s" | tee -a $OUT/log.txt
 last() { tail -1 "$1" | cut -c1-150; }
 DEC=""
@@ -33,14 +38,15 @@ done
 MC=""
 for mc in 1 2 4; do
   echo "== dense mc=$mc" >> $OUT/check.txt
-  timeout -k 5 90 python3 $D/probe.py --check --mc $mc >> $OUT/check.txt 2>&1
+  timeout -k 5 90 python3 $D/probe.py --check --lib /tmp/fp8_mc_gemm_wd.so --mc $mc \
+      >> $OUT/check.txt 2>&1
   echo "dense check mc=$mc rc=$? at ${SECONDS}s: $(last $OUT/check.txt)" | tee -a $OUT/log.txt
   if tail -1 $OUT/check.txt | grep -q "^ok mc=$mc"; then
     MC="$MC,$mc"
   else
     echo "== sanitizer mc=$mc" >> $OUT/check.txt
     timeout -k 5 100 compute-sanitizer --tool memcheck python3 $D/probe.py --check --small \
-        --stages 4 --mc $mc >> $OUT/check.txt 2>&1
+        --lib /tmp/fp8_mc_gemm_wd.so --stages 4 --mc $mc >> $OUT/check.txt 2>&1
     echo "sanitizer mc=$mc rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
   fi
 done
@@ -52,7 +58,8 @@ MOE=""
 for mc in ${MC//,/ }; do
   [ $SECONDS -lt 400 ] || { echo "moe checks: out of time" | tee -a $OUT/log.txt; break; }
   echo "== moe mc=$mc" >> $OUT/moe-check.txt
-  timeout -k 5 120 python3 $D/moe_probe.py --check --mc $mc >> $OUT/moe-check.txt 2>&1
+  timeout -k 5 120 python3 $D/moe_probe.py --check --lib /tmp/fp8_mc_moe_wd.so --mc $mc \
+      >> $OUT/moe-check.txt 2>&1
   echo "moe check mc=$mc rc=$? at ${SECONDS}s: $(last $OUT/moe-check.txt)" | tee -a $OUT/log.txt
   tail -1 $OUT/moe-check.txt | grep -q "^ok mc=$mc" && MOE="$MOE,$mc"
 done

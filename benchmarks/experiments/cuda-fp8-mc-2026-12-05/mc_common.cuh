@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <utility>
 
 namespace {
@@ -61,16 +62,49 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
                : "memory");
 }
 
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+#ifdef MC_WATCHDOG
+// The check builds (-DMC_WATCHDOG): a wait still open after 10 s is a protocol bug (a wrong
+// parity, count or byte total), not a slow peer, so the thread prints the barrier and traps;
+// a check then names it in seconds instead of spinning to its call's timeout. The clock and
+// its state live in a function that is not inlined and that only a wait whose first try
+// fails enters. The timing builds leave it out: it costs the MoE kernels, already at their
+// 168-register bound, 4-20 bytes of spills.
+constexpr uint64_t WATCHDOG_NS = 10ull * 1000 * 1000 * 1000;
+
+__device__ __noinline__ void mbar_wait_slow(uint32_t bar, uint32_t parity) {
+  uint64_t start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  for (uint32_t tries = 1; !mbar_try_wait(bar, parity); ++tries) {
+    if (tries % 256) continue;
+    uint64_t now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start > WATCHDOG_NS) {
+      printf("mbarrier watchdog: block %d thread %d barrier smem+%u parity %u open 10 s\n",
+             blockIdx.x, threadIdx.x, bar, parity);
+      __trap();
+    }
+  }
+}
+#endif
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#ifdef MC_WATCHDOG
+  if (!mbar_try_wait(bar, parity)) mbar_wait_slow(bar, parity);
+#else
+  while (!mbar_try_wait(bar, parity)) {
+  }
+#endif
 }
 
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
@@ -195,7 +229,7 @@ __device__ __forceinline__ void init_ring(uint32_t full0, uint32_t empty0) {
       mbar_init(full0 + 8 * s, 1);
       mbar_init(empty0 + 8 * s, 8 * MC);
     }
-    if (MC > 1) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   if (MC > 1) {
     cluster_sync();
@@ -306,12 +340,30 @@ int make_map(CUtensorMap* map, const void* ptr, int rows, int cols, int box_rows
 // (MC > 1), or one CTA per SM; the grid is written to *ctas_used. Returns 0, or 1000 + /
 // 2000 + / 3000 + / 4000 + the CUDA error of the attribute, occupancy, device query or launch
 // step (-102: not one cluster fits, or `ctas` not a multiple of MC).
+// The per-kernel setup (the shared-memory attribute, the persistent grid) is done at a
+// kernel's first launch and kept in `setup_cache`, so a timed call pays only the tensor-map
+// encodes and the launch.
+struct SetupEntry {
+  const void* kern;
+  int smem;
+  int ctas;
+};
+SetupEntry setup_cache[64];
+int setup_count = 0;
+
 template <int MC, typename... Params, typename... Args>
 int launch_persistent(void (*kern)(Params...), int smem, int ctas, cudaStream_t stream,
                       int* ctas_used, Args&&... args) {
-  cudaError_t err =
-      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return 1000 + static_cast<int>(err);
+  const void* key = reinterpret_cast<const void*>(kern);
+  SetupEntry* hit = nullptr;
+  for (int i = 0; i < setup_count; ++i) {
+    if (setup_cache[i].kern == key && setup_cache[i].smem == smem) hit = &setup_cache[i];
+  }
+  cudaError_t err = cudaSuccess;
+  if (!hit) {
+    err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return 1000 + static_cast<int>(err);
+  }
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   cfg.blockDim = dim3(NUM_THREADS, 1, 1);
@@ -323,8 +375,11 @@ int launch_persistent(void (*kern)(Params...), int smem, int ctas, cudaStream_t 
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if (ctas > 0) {
+  const bool persistent = ctas <= 0;
+  if (!persistent) {
     if (ctas % MC) return -102;
+  } else if (hit && hit->ctas > 0) {
+    ctas = hit->ctas;
   } else if (MC > 1) {
     int clusters = 0;
     cfg.gridDim = dim3(MC, 1, 1);
@@ -338,6 +393,11 @@ int launch_persistent(void (*kern)(Params...), int smem, int ctas, cudaStream_t 
     if (err != cudaSuccess) return 3000 + static_cast<int>(err);
   }
   if (ctas < MC) return -102;
+  if (!hit && setup_count < 64) {
+    setup_cache[setup_count++] = {key, smem, persistent ? ctas : 0};
+  } else if (hit && persistent) {
+    hit->ctas = ctas;
+  }
   *ctas_used = ctas;
   cfg.gridDim = dim3(ctas, 1, 1);
   err = cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
