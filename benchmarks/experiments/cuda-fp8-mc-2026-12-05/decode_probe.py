@@ -77,37 +77,6 @@ def bf16_call(lib, x, w13, w2, w, ids, act, out, *, ks, kw, pdl):
     return out
 
 
-def _bf16_setup(name, t, dev):
-    """bf16 weights as ``moerun bench`` draws them, x and uniform routing."""
-    from moerun.bench.inputs import draw_routing
-    from moerun.bench.shapes import parse_shapes
-
-    shape = parse_shapes(name)[0]
-    gen = torch.Generator(device=dev).manual_seed(0)
-    e, h, i = shape.num_experts, shape.hidden, shape.intermediate
-    x = torch.randn(t, h, generator=gen, device=dev, dtype=torch.bfloat16)
-    w, ids = draw_routing(t, e, shape.top_k, gen, dev)
-    w13 = torch.randn(e, 2 * i, h, device=dev, dtype=torch.bfloat16, generator=gen)
-    w13 *= h ** -0.5
-    w2 = torch.randn(e, h, i, device=dev, dtype=torch.bfloat16, generator=gen) * i ** -0.5
-    return shape, x, w13, w2, w, ids
-
-
-def _bf16_reference(x, w13, w2, w, ids):
-    """fp32 ``sum_j w[t, j] * (silu(x W_g^T) * (x W_u^T)) W_2^T`` over the (few) pairs."""
-    out = torch.zeros(x.shape[0], w2.shape[1], device=x.device)
-    inter = w13.shape[1] // 2
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            if e < 0:
-                continue
-            hgu = w13[e].float() @ x[t].float()
-            a = torch.nn.functional.silu(hgu[:inter]) * hgu[inter:]
-            out[t] += w[t, j] * (w2[e].float() @ a)
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--lib", default="/tmp/fp8_decode.so")
@@ -132,20 +101,11 @@ def main() -> None:
     good = True
     for cell in cells:
         name, t = cell.split(":")
-        if bf16:
-            shape, x, w13, w2, w, ids = _bf16_setup(name, int(t), dev)
-        else:
-            shape, x, w13, w2, s13, s2, w, ids = _setup(name, int(t), dev)
+        shape, x, w13, w2, s13, s2, w, ids = _setup(name, int(t), dev, args.dtype)
         if args.check and int(t) > 1:
             ids[0, -1] = -1  # an excluded pair
-        if bf16:
-            ref = _bf16_reference(x, w13, w2, w, ids)
-
-            def shipped(x=x, w13=w13, w2=w2, w=w, ids=ids):
-                return be.run_experts(x, w13, w2, w, ids)
-        else:
-            ref = _reference(x, w13, w2, s13, s2, w, ids)
-            shipped = _shipped(be, shape, x, w13, w2, s13, s2, w, ids)
+        ref = _reference(x, w13, w2, s13, s2, w, ids)  # bf16 weights: s13 = s2 = None
+        shipped = _shipped(be, shape, x, w13, w2, s13, s2, w, ids)
         ship_out = shipped()
         act = torch.empty(ids.numel(), shape.intermediate, device=dev, dtype=torch.bfloat16)
         out = torch.empty(int(t), shape.hidden, device=dev, dtype=torch.bfloat16)

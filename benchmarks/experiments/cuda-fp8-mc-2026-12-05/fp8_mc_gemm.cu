@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
           uint32_t full;
           const uint32_t a_dst = producer_acquire<STAGES>(it, base, full0, empty0, &full);
           const uint16_t all = static_cast<uint16_t>((1u << MC) - 1u);
-          load_a<(ALONG_M ? 1 : MC)>(a_dst, &map_a, full, k, m * BM, rank);
+          load_a<(ALONG_M ? 1 : MC)>(a_dst, &map_a, full, k * BK, m * BM, rank);
           if (MC > 1 && ALONG_M) {  // my BN / MC weight rows into every CTA of the cluster
             tma_load_multicast(a_dst + A_BYTES + rank * (B_BYTES / MC), &map_b, full, k * BK,
                                n * BN + static_cast<int>(rank) * (BN / MC), all);

@@ -36,7 +36,7 @@ namespace {
 constexpr int GATE_UP = 0;
 constexpr int DOWN = 1;
 
-template <int MC, int STAGES, int KIND>
+template <int MC, int STAGES, int KIND, bool BF16>
 __global__ void __launch_bounds__(NUM_THREADS, 1)
     moe_kernel(const __grid_constant__ CUtensorMap map_a,
                const __grid_constant__ CUtensorMap map_b,
@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const int tiles = grid_m * grid_np;
   const int cluster = blockIdx.x / MC;
   const int clusters = gridDim.x / MC;
-  const int k_steps = K / BK;
+  constexpr int KE = BF16 ? BK / 2 : BK;  // K elements per stage (128 bytes a row)
+  const int k_steps = K / KE;
   const int rows_per_expert = KIND == GATE_UP ? 2 * inter : hidden;  // weight rows per slot
 
   if (wg == 2) {
@@ -78,12 +79,12 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         for (int k = 0; k < k_steps; ++k, ++it) {
           uint32_t full;
           const uint32_t a_dst = producer_acquire<STAGES>(it, base, full0, empty0, &full);
-          load_a<MC>(a_dst, &map_a, full, k, m * BM, rank);
+          load_a<MC>(a_dst, &map_a, full, k * KE, m * BM, rank);
           if (KIND == GATE_UP) {  // 64 gate rows, then the 64 up rows `inter` further
-            tma_load(a_dst + A_BYTES, &map_b, full, k * BK, w_row);
-            tma_load(a_dst + A_BYTES + B_BYTES / 2, &map_b, full, k * BK, w_row + inter);
+            tma_load(a_dst + A_BYTES, &map_b, full, k * KE, w_row);
+            tma_load(a_dst + A_BYTES + B_BYTES / 2, &map_b, full, k * KE, w_row + inter);
           } else {
-            tma_load(a_dst + A_BYTES, &map_b, full, k * BK, w_row);
+            tma_load(a_dst + A_BYTES, &map_b, full, k * KE, w_row);
           }
         }
       }
@@ -94,42 +95,68 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     const int kb = K / BK;
     uint32_t it = 0;
     float acc[64];
-    float d[64];
+    float d[64];  // fp8: a step's product before its promotion into acc
     for (int t = cluster; t < tiles; t += clusters) {
       int m, np;
       tile_of(t, grid_m, grid_np, m, np);
       const int n = np * MC + static_cast<int>(rank);
       const int e = expert_ids[m];
       const int row0 = m * BM + r_in;
-      const float* sa_p0 = a_s + static_cast<size_t>(row0) * a_s_stride;
-      const float* sa_p1 = sa_p0 + static_cast<size_t>(8) * a_s_stride;
-      // weight-scale rows: gate/up: the gate block of columns n*64 and the up block I + n*64
-      // ([S, 2I/128, H/128]); down: block n ([S, H/128, I/128])
-      const int wblocks = rows_per_expert / 128;
-      const float* sw0 = w_s + (static_cast<size_t>(e) * wblocks +
-                                (KIND == GATE_UP ? (n * 64) / 128 : n)) * kb;
-      const float* sw1 = KIND == GATE_UP ? sw0 + static_cast<size_t>(inter / 128) * kb : sw0;
+      if constexpr (BF16) {
+        // no scales: the wgmmas accumulate in acc across the K steps, one stage's group kept
+        // in flight while the next is issued; a slot is released once its group finished
+        for (int k = 0; k < k_steps; ++k, ++it) {
+          const uint32_t stage = consumer_acquire<STAGES>(it, base, full0);
+          const uint32_t a_tile = stage + wg * A_HALF_BYTES, b_tile = stage + A_BYTES;
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-      float sa0 = sa_p0[0], sa1 = sa_p1[0], sg = sw0[0], su = sw1[0];
-      for (int k = 0; k < k_steps; ++k, ++it) {
-        const int kn = k + 1 < k_steps ? k + 1 : k;
-        const float nsa0 = sa_p0[kn], nsa1 = sa_p1[kn], nsg = sw0[kn], nsu = sw1[kn];
-        const uint32_t stage = consumer_acquire<STAGES>(it, base, full0);
-        mma_stage<MC>(d, stage + wg * A_HALF_BYTES, stage + A_BYTES,
-                      empty0 + 8 * (it % STAGES), lane);
-        // fragment i: column 8 * (i >> 2) + 2 * (lane % 4) + (i & 1), row +8 when i & 2;
-        // gate/up: columns 0-63 (i < 32) are gate, 64-127 up
-        const float g0 = sa0 * sg, g1 = sa1 * sg, u0 = sa0 * su, u1 = sa1 * su;
+          for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+          wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          const bool up = KIND == GATE_UP && i >= 32;
-          acc[i] += d[i] * ((i & 2) ? (up ? u1 : g1) : (up ? u0 : g0));
+          for (int kk = 0; kk < BK / 32; ++kk) {
+            wgmma_m64n128k16_bf16(acc, smem_desc(a_tile + 32 * kk), smem_desc(b_tile + 32 * kk),
+                                  k > 0 || kk > 0 ? 1u : 0u);
+          }
+          wgmma_commit();
+          wgmma_wait_one();
+#pragma unroll
+          for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+          if (k > 0) release_stage<MC>(empty0 + 8 * ((it - 1) % STAGES), lane);
         }
-        sa0 = nsa0;
-        sa1 = nsa1;
-        sg = nsg;
-        su = nsu;
+        wgmma_wait_all();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+        release_stage<MC>(empty0 + 8 * ((it - 1) % STAGES), lane);
+      } else {
+        const float* sa_p0 = a_s + static_cast<size_t>(row0) * a_s_stride;
+        const float* sa_p1 = sa_p0 + static_cast<size_t>(8) * a_s_stride;
+        // weight-scale rows: gate/up: the gate block of columns n*64 and the up block I + n*64
+        // ([S, 2I/128, H/128]); down: block n ([S, H/128, I/128])
+        const int wblocks = rows_per_expert / 128;
+        const float* sw0 = w_s + (static_cast<size_t>(e) * wblocks +
+                                  (KIND == GATE_UP ? (n * 64) / 128 : n)) * kb;
+        const float* sw1 = KIND == GATE_UP ? sw0 + static_cast<size_t>(inter / 128) * kb : sw0;
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        float sa0 = sa_p0[0], sa1 = sa_p1[0], sg = sw0[0], su = sw1[0];
+        for (int k = 0; k < k_steps; ++k, ++it) {
+          const int kn = k + 1 < k_steps ? k + 1 : k;
+          const float nsa0 = sa_p0[kn], nsa1 = sa_p1[kn], nsg = sw0[kn], nsu = sw1[kn];
+          const uint32_t stage = consumer_acquire<STAGES>(it, base, full0);
+          mma_stage<MC>(d, stage + wg * A_HALF_BYTES, stage + A_BYTES,
+                        empty0 + 8 * (it % STAGES), lane);
+          // fragment i: column 8 * (i >> 2) + 2 * (lane % 4) + (i & 1), row +8 when i & 2;
+          // gate/up: columns 0-63 (i < 32) are gate, 64-127 up
+          const float g0 = sa0 * sg, g1 = sa1 * sg, u0 = sa0 * su, u1 = sa1 * su;
+#pragma unroll
+          for (int i = 0; i < 64; ++i) {
+            const bool up = KIND == GATE_UP && i >= 32;
+            acc[i] += d[i] * ((i & 2) ? (up ? u1 : g1) : (up ? u0 : g0));
+          }
+          sa0 = nsa0;
+          sa1 = nsa1;
+          sg = nsg;
+          su = nsu;
+        }
       }
       // epilogue through shared memory: gate/up one [64, 64] box per consumer (silu(g) * u),
       // down two (times the pair's routing weight)
@@ -186,7 +213,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   if (MC > 1) cluster_sync();
 }
 
-template <int MC, int STAGES, int KIND>
+template <int MC, int STAGES, int KIND, bool BF16>
 int launch(const void* a, const float* a_s, int a_s_stride, const void* w, const float* w_s,
            const int* sorted_ids, const int* expert_ids, const int* num_post,
            const float* topk_w, int num_pairs, void* out, int R, int H, int I, int S,
@@ -194,17 +221,41 @@ int launch(const void* a, const float* a_s, int a_s_stride, const void* w, const
   const int K = KIND == GATE_UP ? H : I;
   const int out_cols = KIND == GATE_UP ? I : H;
   const int w_rows = S * (KIND == GATE_UP ? 2 * I : H);
+  constexpr int KE = BF16 ? BK / 2 : BK, ELEM = BF16 ? 2 : 1;  // a box row is 128 bytes
   CUtensorMap ma, mb, mo;
-  int e = make_map(&ma, a, R, K, MC > 1 ? BM / MC : 64);
+  int e = make_map(&ma, a, R, K, MC > 1 ? BM / MC : 64, KE, ELEM);
   if (e) return e;
-  e = make_map(&mb, w, w_rows, K, KIND == GATE_UP ? 64 : BN);
+  e = make_map(&mb, w, w_rows, K, KIND == GATE_UP ? 64 : BN, KE, ELEM);
   if (e) return e;
   e = make_map(&mo, out, R, out_cols, 64, 64, 2);
   if (e) return e;
   const int smem = STAGES * STAGE_BYTES + C_STAGE_BYTES + 1024 + 2 * STAGES * 8;
-  return launch_persistent<MC>(moe_kernel<MC, STAGES, KIND>, smem, 0, stream, ctas_used, ma,
+  return launch_persistent<MC>(moe_kernel<MC, STAGES, KIND, BF16>, smem, 0, stream, ctas_used, ma,
                                mb, mo, a_s, a_s_stride, w_s, sorted_ids, expert_ids, num_post,
                                topk_w, num_pairs, K, I, H);
+}
+
+// The form named by (kind, mc, stages), or -100 (a size the tiles do not divide) or -101 (an
+// unbuilt form).
+template <bool BF16>
+int dispatch(int kind, const void* a, const float* a_s, int a_s_stride, const void* w,
+             const float* w_s, const int* sorted_ids, const int* expert_ids,
+             const int* num_post, const float* topk_w, int num_pairs, void* out, int R, int H,
+             int I, int S, int mc, int stages, void* stream, int* ctas_used) {
+  if (R % BM || H % BN || I % BN || (mc != 1 && mc != 2 && mc != 4)) return -100;
+  if ((kind == GATE_UP ? I / 64 : H / BN) % mc) return -100;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define MOERUN_CASE(MC_, ST_, KIND_)                                                      \
+  if (mc == MC_ && stages == ST_ && kind == KIND_)                                        \
+    return launch<MC_, ST_, KIND_, BF16>(a, a_s, a_s_stride, w, w_s, sorted_ids,          \
+                                         expert_ids, num_post, topk_w, num_pairs, out, R, \
+                                         H, I, S, st, ctas_used);
+#define MOERUN_KINDS(MC_, ST_) MOERUN_CASE(MC_, ST_, GATE_UP) MOERUN_CASE(MC_, ST_, DOWN)
+  MOERUN_KINDS(1, 4) MOERUN_KINDS(1, 6) MOERUN_KINDS(2, 4) MOERUN_KINDS(2, 6)
+  MOERUN_KINDS(4, 4) MOERUN_KINDS(4, 6)
+#undef MOERUN_KINDS
+#undef MOERUN_CASE
+  return -101;
 }
 
 }  // namespace
@@ -218,18 +269,16 @@ extern "C" int fp8_mc_moe(int kind, const void* a, const float* a_s, int a_s_str
                           const int* expert_ids, const int* num_post, const float* topk_w,
                           int num_pairs, void* out, int R, int H, int I, int S, int mc,
                           int stages, void* stream, int* ctas_used) {
-  if (R % BM || H % BN || I % BN || (mc != 1 && mc != 2 && mc != 4)) return -100;
-  if ((kind == GATE_UP ? I / 64 : H / BN) % mc) return -100;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-#define MOERUN_CASE(MC_, ST_, KIND_)                                                      \
-  if (mc == MC_ && stages == ST_ && kind == KIND_)                                        \
-    return launch<MC_, ST_, KIND_>(a, a_s, a_s_stride, w, w_s, sorted_ids, expert_ids,    \
-                                   num_post, topk_w, num_pairs, out, R, H, I, S, st,      \
-                                   ctas_used);
-#define MOERUN_KINDS(MC_, ST_) MOERUN_CASE(MC_, ST_, GATE_UP) MOERUN_CASE(MC_, ST_, DOWN)
-  MOERUN_KINDS(1, 4) MOERUN_KINDS(1, 6) MOERUN_KINDS(2, 4) MOERUN_KINDS(2, 6)
-  MOERUN_KINDS(4, 4) MOERUN_KINDS(4, 6)
-#undef MOERUN_KINDS
-#undef MOERUN_CASE
-  return -101;
+  return dispatch<false>(kind, a, a_s, a_s_stride, w, w_s, sorted_ids, expert_ids, num_post,
+                         topk_w, num_pairs, out, R, H, I, S, mc, stages, stream, ctas_used);
+}
+
+// The bf16 pair (issue 11's prefill cells): a [R, H] bf16 gathered rows (gate/up) or act
+// [R, I] bf16 (down), w bf16, no scales; otherwise as fp8_mc_moe.
+extern "C" int bf16_mc_moe(int kind, const void* a, const void* w, const int* sorted_ids,
+                           const int* expert_ids, const int* num_post, const float* topk_w,
+                           int num_pairs, void* out, int R, int H, int I, int S, int mc,
+                           int stages, void* stream, int* ctas_used) {
+  return dispatch<true>(kind, a, nullptr, 0, w, nullptr, sorted_ids, expert_ids, num_post,
+                        topk_w, num_pairs, out, R, H, I, S, mc, stages, stream, ctas_used);
 }

@@ -190,6 +190,10 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
+// All but the newest committed wgmma group have finished.
+__device__ __forceinline__ void wgmma_wait_one() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
 // Pins a register's value at this point of the program (the wgmma writes it asynchronously).
 __device__ __forceinline__ void fence_operand(float& r) {
   asm volatile("" : "+f"(r)::"memory");
@@ -205,6 +209,31 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
       "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
       "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
       "}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+        "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// The bf16 form (both operands K-major: no transposes); its k16 step is 32 bytes too.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a,
+                                                      uint64_t desc_b, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
@@ -261,19 +290,30 @@ __device__ __forceinline__ uint32_t consumer_acquire(uint32_t it, uint32_t base,
   return base + s * STAGE_BYTES;
 }
 
-// The producer's A copies of one stage: rows [row0, row0 + 128) of K step k into `a_dst`,
-// as two 64-row boxes (MC = 1), or this CTA's 128 / MC rows multicast to every CTA of the
-// cluster (the map's box is then 128 / MC rows).
+// The producer's A copies of one stage: rows [row0, row0 + 128) at K element kc into
+// `a_dst`, as two 64-row boxes (MC = 1), or this CTA's 128 / MC rows multicast to every CTA of
+// the cluster (the map's box is then 128 / MC rows).
 template <int MC>
 __device__ __forceinline__ void load_a(uint32_t a_dst, const CUtensorMap* map, uint32_t full,
-                                       int k, int row0, uint32_t rank) {
+                                       int kc, int row0, uint32_t rank) {
   if (MC > 1) {
-    tma_load_multicast(a_dst + rank * (A_BYTES / MC), map, full, k * BK,
+    tma_load_multicast(a_dst + rank * (A_BYTES / MC), map, full, kc,
                        row0 + static_cast<int>(rank) * (BM / MC),
                        static_cast<uint16_t>((1u << MC) - 1u));
   } else {
-    tma_load(a_dst, map, full, k * BK, row0);
-    tma_load(a_dst + A_HALF_BYTES, map, full, k * BK, row0 + 64);
+    tma_load(a_dst, map, full, kc, row0);
+    tma_load(a_dst + A_HALF_BYTES, map, full, kc, row0 + 64);
+  }
+}
+
+// A consumer warp's release of a ring slot: one arrival per warp on every CTA's empty barrier
+// (lane j on CTA j's), or on this CTA's.
+template <int MC>
+__device__ __forceinline__ void release_stage(uint32_t empty_bar, int lane) {
+  if (MC > 1) {
+    if (lane < MC) mbar_arrive_cluster(empty_bar, static_cast<uint32_t>(lane));
+  } else {
+    if (lane == 0) mbar_arrive(empty_bar);
   }
 }
 
@@ -295,11 +335,7 @@ __device__ __forceinline__ void mma_stage(float (&d)[64], uint32_t a_tile, uint3
   wgmma_wait_all();
 #pragma unroll
   for (int i = 0; i < 64; ++i) fence_operand(d[i]);
-  if (MC > 1) {
-    if (lane < MC) mbar_arrive_cluster(empty_bar, static_cast<uint32_t>(lane));
-  } else {
-    if (lane == 0) mbar_arrive(empty_bar);
-  }
+  release_stage<MC>(empty_bar, lane);
 }
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
