@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <utility>
 
 namespace {
@@ -75,12 +74,14 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
 
 #ifdef MC_WATCHDOG
 // The check builds (-DMC_WATCHDOG): a wait still open after 10 s is a protocol bug (a wrong
-// parity, count or byte total), not a slow peer, so the thread prints the barrier and traps;
-// a check then names it in seconds instead of spinning to its call's timeout. The clock and
-// its state live in a function that is not inlined and that only a wait whose first try
-// fails enters. The timing builds leave it out: it costs the MoE kernels, already at their
-// 168-register bound, 4-20 bytes of spills.
+// parity, count or byte total), not a slow peer, so the thread records the barrier in
+// host-mapped memory (`mc_watchdog_arm`; the host can read it after the fault) and traps; a
+// check then names it in seconds instead of spinning to its call's timeout. The clock and its
+// state live in a function that is not inlined and that only a wait whose first try fails
+// enters. No printf: a call to it inside the kernel makes ptxas serialize every wgmma of the
+// kernel (C7510), which would leave the pipelining the timing builds run unchecked.
 constexpr uint64_t WATCHDOG_NS = 10ull * 1000 * 1000 * 1000;
+__device__ uint32_t* watchdog_slot = nullptr;  // [4]: block, thread, barrier, parity + 1
 
 __device__ __noinline__ void mbar_wait_slow(uint32_t bar, uint32_t parity) {
   uint64_t start;
@@ -90,8 +91,14 @@ __device__ __noinline__ void mbar_wait_slow(uint32_t bar, uint32_t parity) {
     uint64_t now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     if (now - start > WATCHDOG_NS) {
-      printf("mbarrier watchdog: block %d thread %d barrier smem+%u parity %u open 10 s\n",
-             blockIdx.x, threadIdx.x, bar, parity);
+      volatile uint32_t* w = watchdog_slot;
+      if (w != nullptr) {
+        w[0] = blockIdx.x;
+        w[1] = threadIdx.x;
+        w[2] = bar;
+        w[3] = parity + 1;
+        __threadfence_system();
+      }
       __trap();
     }
   }
@@ -441,3 +448,24 @@ int launch_persistent(void (*kern)(Params...), int smem, int ctas, cudaStream_t 
 }
 
 }  // namespace
+
+#ifdef MC_WATCHDOG
+// The check builds' watchdog record: allocates the host-mapped [4] words once, points the
+// kernels at them, and returns their host address in *host (all zero until a wait times out:
+// block, thread, barrier offset, parity + 1). Returns 0 or the CUDA error.
+extern "C" int mc_watchdog_arm(uint32_t** host) {
+  static uint32_t* slot = nullptr;
+  if (slot == nullptr) {
+    cudaError_t err = cudaHostAlloc(reinterpret_cast<void**>(&slot), 4 * sizeof(uint32_t),
+                                    cudaHostAllocMapped);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    for (int i = 0; i < 4; ++i) slot[i] = 0;
+    uint32_t* dev = nullptr;
+    err = cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), slot, 0);
+    if (err == cudaSuccess) err = cudaMemcpyToSymbol(watchdog_slot, &dev, sizeof(dev));
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  *host = slot;
+  return 0;
+}
+#endif

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ab import _kernels, _timed  # noqa: E402 - the ncu experiment's timer and profiler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from probe import Recorder  # noqa: E402
+from probe import Recorder, arm_watchdog  # noqa: E402
 
 CELLS = ["qwen3-30b-a3b:1024", "qwen3-30b-a3b:8192", "mixtral8x7b:1024", "mixtral8x7b:8192",
          "qwen3-235b-a22b:1024", "qwen3-235b-a22b:8192", "deepseek-v3:8192"]
@@ -262,6 +262,7 @@ def main() -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     lib = _lib(args.lib)
+    arm_watchdog(lib)
     be = TritonExperts()
     mcs = [int(v) for v in args.mc.split(",") if v]
     stages_list = [int(v) for v in args.stages.split(",")]
@@ -291,7 +292,7 @@ def main() -> None:
             try:
                 out = fn() if key == "shipped" else fn(poison=True)
                 torch.cuda.synchronize()
-                errs[key] = {"rel_ref": _rel(out, ref), "rel_shipped": _rel(out, ship_out)}
+                errs[key] = _verdict(out, ref, ship_out, BARS[args.dtype])
                 for _ in range(3):
                     fn()
             except Exception as e:  # noqa: BLE001 - the probe records what fails

@@ -20,6 +20,7 @@ it finishes.
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import json
 import os
@@ -41,6 +42,28 @@ def _lib(path: str):
     lib.fp8_mc_gemm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 8 + [
         ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
     return lib
+
+
+def arm_watchdog(lib) -> None:
+    """A check build's (``-DMC_WATCHDOG``) mbarrier watchdog: arm its host-mapped record and,
+    at exit, print it if a wait timed out. The fault itself only says "illegal instruction";
+    the record names the block, thread, barrier offset and parity. A timing build has no
+    watchdog: nothing to do."""
+    if not hasattr(lib, "mc_watchdog_arm"):
+        return
+    torch.cuda.init()
+    slot = ctypes.POINTER(ctypes.c_uint32)()
+    rc = lib.mc_watchdog_arm(ctypes.byref(slot))
+    if rc:
+        print(f"watchdog not armed: CUDA error {rc}", flush=True)
+        return
+
+    def report():
+        if slot[3]:
+            print(f"WATCHDOG: block {slot[0]} thread {slot[1]} barrier smem+{slot[2]} "
+                  f"parity {slot[3] - 1} open for 10 s", flush=True)
+
+    atexit.register(report)
 
 
 class Recorder:
@@ -150,6 +173,7 @@ def main() -> None:
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     lib = _lib(args.lib)
+    arm_watchdog(lib)
     mcs = [int(x) for x in args.mc.split(",") if x]
     stages_list = [int(x) for x in args.stages.split(",")]
     if args.check:
