@@ -186,11 +186,15 @@ def _rel(a, b):
 
 
 def _verdict(out, ref, shipped, bar: float) -> dict:
-    """``out``'s relative errors against the reference and the shipped call, whether it has a
-    NaN, and ``ok``: no NaN, within ``bar`` of the reference and 1e-2 of the shipped call."""
+    """``out``'s relative errors against the reference and the shipped call (and the shipped
+    call's own against the reference), whether it has a NaN, and ``ok``: no NaN and within
+    ``bar`` of the reference. The shipped comparison is information only: at mixtral T=600
+    the shipped fp8 call itself is 1.55e-2 from the reference (H100, 2026-12-05), so a form
+    closer to the reference than that failed a 1e-2 bar against it."""
     row = {"rel_ref": _rel(out, ref), "rel_shipped": _rel(out, shipped),
+           "shipped_rel_ref": _rel(shipped, ref),
            "nan": bool(torch.isnan(out.float()).any())}
-    row["ok"] = not row["nan"] and row["rel_ref"] <= bar and row["rel_shipped"] <= 1e-2
+    row["ok"] = not row["nan"] and row["rel_ref"] <= bar
     return row
 
 
