@@ -26,6 +26,11 @@
 // persistent one and a graph replay sees the routing of its own call. Padding rows are
 // computed like the others (their A rows and scales are zero; down's weight there is 0).
 //
+// BF16 (entry point bf16_mc_moe; issue 11): the same kernels for bf16 rows and weights with no
+// scales. A stage holds 64 columns (128 bytes a row, the same 32 KB), four m64n128k16 bf16
+// wgmmas a step accumulating in acc across the whole K loop with one stage's group in flight;
+// A is the unquantized gathered rows (gate/up) or act itself (down).
+//
 // Build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -shared -Xcompiler -fPIC \
 //          -o fp8_mc_moe.so fp8_mc_moe.cu
 
