@@ -431,6 +431,9 @@ cudaLaunchConfig_t pair_config(cudaStream_t stream, bool pdl, cudaLaunchAttribut
   return cfg;
 }
 
+// A warps-per-set knob with built kernels (by_knobs' cases).
+bool built_knob(int n) { return n == 1 || n == 2 || n == 4 || n == 8; }
+
 // launch(n, p) with the runtime warps-per-set knob `n` (1, 2, 4 or 8) and `pdl` as the
 // compile-time constants the kernel templates take.
 template <typename F>
@@ -458,8 +461,7 @@ extern "C" int fp8_decode(const void* x, const void* w13, const float* s13, cons
                           void* out, int T, int K, int H, int I, int S, int ks, int kw, int pdl,
                           void* stream) {
   if (H % G || I % G || T < 1 || K < 1) return -100;
-  const auto ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
-  if (!ok(ks) || !ok(kw)) return -101;
+  if (!built_knob(ks) || !built_knob(kw)) return -101;
   const auto st = static_cast<cudaStream_t>(stream);
   constexpr int RS = 1;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
@@ -493,8 +495,7 @@ extern "C" int bf16_decode(const void* x, const void* w13, const void* w2, const
                            const float* topk_w, void* act, void* out, int T, int K, int H, int I,
                            int S, int ks, int kw, int pdl, void* stream) {
   if (H % 32 || I % 32 || T < 1 || K < 1) return -100;
-  const auto ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
-  if (!ok(ks) || !ok(kw)) return -101;
+  if (!built_knob(ks) || !built_knob(kw)) return -101;
   const auto st = static_cast<cudaStream_t>(stream);
   constexpr int RS = 1;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);

@@ -132,15 +132,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         if (leader) bulk_wait_read();  // the previous tile's store has read the buffer
         named_barrier(1 + wg, 128);
         const int r = warp * 16 + lane / 4;  // row in the half; r % 8 == lane / 4
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {  // box j / 8, 16-byte chunk j % 8 of its 128-byte row
-          const uint32_t chunk = static_cast<uint32_t>((j % 8) ^ (lane / 4)) * 16u;
-          const uint32_t at = c_stage + (j / 8) * 8192 + r * 128 + chunk + (lane % 4) * 4;
-          __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
-          __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-          st_shared_b32(at, *reinterpret_cast<uint32_t*>(&lo));
-          st_shared_b32(at + 8 * 128, *reinterpret_cast<uint32_t*>(&hi));
-        }
+        stage_tile_bf16(c_stage, acc, r, lane, 1.f, 1.f);
         fence_proxy_async();
         named_barrier(1 + wg, 128);
         if (leader) {

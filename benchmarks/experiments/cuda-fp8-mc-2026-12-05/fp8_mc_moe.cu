@@ -112,24 +112,13 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         // in flight while the next is issued; a slot is released once its group finished
         for (int k = 0; k < k_steps; ++k, ++it) {
           const uint32_t stage = consumer_acquire<STAGES>(it, base, full0);
-          const uint32_t a_tile = stage + wg * A_HALF_BYTES, b_tile = stage + A_BYTES;
-#pragma unroll
-          for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < BK / 32; ++kk) {
-            wgmma_m64n128k16_bf16(acc, smem_desc(a_tile + 32 * kk), smem_desc(b_tile + 32 * kk),
-                                  k > 0 || kk > 0 ? 1u : 0u);
-          }
-          wgmma_commit();
+          issue_stage<true>(acc, stage + wg * A_HALF_BYTES, stage + A_BYTES, k > 0);
           wgmma_wait_one();
-#pragma unroll
-          for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+          fence_operands(acc);
           if (k > 0) release_stage<MC>(empty0 + 8 * ((it - 1) % STAGES), lane);
         }
         wgmma_wait_all();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+        fence_operands(acc);
         release_stage<MC>(empty0 + 8 * ((it - 1) % STAGES), lane);
       } else {
         const float* sa_p0 = a_s + static_cast<size_t>(row0) * a_s_stride;
@@ -189,16 +178,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         const int p0 = sorted_ids[row0], p1 = sorted_ids[row0 + 8];
         const float w0 = p0 < num_pairs ? topk_w[p0] : 0.f;
         const float w1 = p1 < num_pairs ? topk_w[p1] : 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const uint32_t chunk = static_cast<uint32_t>((j % 8) ^ (lane / 4)) * 16u;
-          const uint32_t at = c_stage + (j / 8) * 8192 + r * 128 + chunk + (lane % 4) * 4;
-          __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j] * w0, acc[4 * j + 1] * w0);
-          __nv_bfloat162 hi =
-              __floats2bfloat162_rn(acc[4 * j + 2] * w1, acc[4 * j + 3] * w1);
-          st_shared_b32(at, *reinterpret_cast<uint32_t*>(&lo));
-          st_shared_b32(at + 8 * 128, *reinterpret_cast<uint32_t*>(&hi));
-        }
+        stage_tile_bf16(c_stage, acc, r, lane, w0, w1);
       }
       fence_proxy_async();
       named_barrier(1 + wg, 128);

@@ -317,25 +317,60 @@ __device__ __forceinline__ void release_stage(uint32_t empty_bar, int lane) {
   }
 }
 
-// One K step of a consumer warp group: the stage's four k32 wgmmas of its 64 rows x 128
-// columns into d (the first with the accumulator off), waited; then the stage released:
-// one arrival per warp on every CTA's empty barrier (lane j on CTA j's), or on this CTA's.
-template <int MC>
-__device__ __forceinline__ void mma_stage(float (&d)[64], uint32_t a_tile, uint32_t b_tile,
-                                          uint32_t empty_bar, int lane) {
+// Pins the 64 accumulator registers of a consumer (before a wgmma group is issued and after
+// one is waited).
+__device__ __forceinline__ void fence_operands(float (&d)[64]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) fence_operand(d[i]);
+}
+
+// Issues one stage's four wgmmas of a consumer warp group's 64 rows x 128 columns into d as one
+// committed group: e4m3 k32 steps, or (BF16) bf16 k16 steps, 32 bytes of each row either way.
+// The first accumulates onto d only when `accumulate`; the caller waits.
+template <bool BF16>
+__device__ __forceinline__ void issue_stage(float (&d)[64], uint32_t a_tile, uint32_t b_tile,
+                                            bool accumulate) {
+  fence_operands(d);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < BK / 32; ++kk) {
-    wgmma_m64n128k32_e4m3(d, smem_desc(a_tile + 32 * kk), smem_desc(b_tile + 32 * kk),
-                          kk > 0 ? 1u : 0u);
+    const uint32_t acc_flag = accumulate || kk > 0 ? 1u : 0u;
+    if constexpr (BF16) {
+      wgmma_m64n128k16_bf16(d, smem_desc(a_tile + 32 * kk), smem_desc(b_tile + 32 * kk),
+                            acc_flag);
+    } else {
+      wgmma_m64n128k32_e4m3(d, smem_desc(a_tile + 32 * kk), smem_desc(b_tile + 32 * kk),
+                            acc_flag);
+    }
   }
   wgmma_commit();
+}
+
+// One fp8 K step of a consumer warp group: the stage's wgmmas into d (the first with the
+// accumulator off), waited; then the stage released (release_stage).
+template <int MC>
+__device__ __forceinline__ void mma_stage(float (&d)[64], uint32_t a_tile, uint32_t b_tile,
+                                          uint32_t empty_bar, int lane) {
+  issue_stage<false>(d, a_tile, b_tile, false);
   wgmma_wait_all();
-#pragma unroll
-  for (int i = 0; i < 64; ++i) fence_operand(d[i]);
+  fence_operands(d);
   release_stage<MC>(empty_bar, lane);
+}
+
+// Stages a consumer's [64, 128] fp32 tile as bf16 in two [64, 64] boxes of 8 KB at c_stage
+// (128-byte swizzle: 16-byte chunk j % 8 of row r at (j % 8) ^ (r % 8)), rows r and r + 8 of
+// this thread scaled by w0 and w1; r = 16 * warp + lane / 4. Shared-memory stores only.
+__device__ __forceinline__ void stage_tile_bf16(uint32_t c_stage, const float (&acc)[64],
+                                                int r, int lane, float w0, float w1) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {  // box j / 8, 16-byte chunk j % 8 of its 128-byte row
+    const uint32_t chunk = static_cast<uint32_t>((j % 8) ^ (lane / 4)) * 16u;
+    const uint32_t at = c_stage + (j / 8) * 8192 + r * 128 + chunk + (lane % 4) * 4;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j] * w0, acc[4 * j + 1] * w0);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2] * w1, acc[4 * j + 3] * w1);
+    st_shared_b32(at, *reinterpret_cast<uint32_t*>(&lo));
+    st_shared_b32(at + 8 * 128, *reinterpret_cast<uint32_t*>(&hi));
+  }
 }
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
