@@ -9,10 +9,11 @@ call at the T <= 4 cells, graph replay, same run, same inputs: fp8 (issue 12) or
     PYTHONPATH=. python3 benchmarks/experiments/cuda-fp8-mc-2026-12-05/decode_probe.py --dtype bf16
 
 Inputs as ``moe_probe.py`` draws them (``moerun bench --dtype fp8``'s codes, scales and uniform
-routing). Each form is checked against DESIGN 11a's reference (``reference_fp8_moe``, bar 3e-2)
-and the shipped call (1e-2), a token with an excluded pair (id -1) included in ``--check``.
-bf16: weights ``randn * H^-0.5`` / ``I^-0.5`` as ``moerun bench`` draws them, checked against
-an fp32 loop over the pairs (bar 1e-2, DESIGN 2) and the shipped call.
+routing). Each form is checked against DESIGN 11a's reference (``reference_fp8_moe``, bar 3e-2),
+a token with an excluded pair (id -1) included in ``--check``; its distance from the shipped
+call is recorded, not a bar (``moe_probe._verdict``). bf16: weights ``randn * H^-0.5`` /
+``I^-0.5`` as ``moerun bench`` draws them, checked against an fp32 loop over the pairs (bar
+1e-2, DESIGN 2).
 Timing (``benchmarks/decode_breakdown.py``'s graph timer): ``--calls`` calls captured in one
 CUDA graph, 3 warm-up replays, the median of
 ``--replays`` event-timed replays divided by the calls; the shipped call the same way

@@ -15,9 +15,11 @@ block scales, uniform routing, ``moerun.bench.inputs.draw_routing``), without th
 bf16 copies.
 
 ``--check``: small calls of every model shape (T=64; qwen3-30b-a3b T=300 for padding blocks,
-mixtral8x7b T=600 for two blocks per expert) at 4 and 6 stages, each against DESIGN 11a's reference (``moerun.quant.reference_fp8_moe``)
-and the shipped call; ``ok mc=<n>`` when every relative error is within the fp8 bar (3e-2)
-and matches the shipped call's to 1e-2. Otherwise, per cell: the shipped call and each CUDA
+mixtral8x7b T=600 for two blocks per expert) at 4 and 6 stages, each against DESIGN 11a's
+reference (``moerun.quant.reference_fp8_moe``; bf16: an fp32 pair loop) and the shipped call;
+``ok mc=<n> <dtype>`` when every relative error against the reference is within the bar
+(:data:`BARS`). The distance from the shipped call is recorded, not a bar (:func:`_verdict`).
+Otherwise, per cell: the shipped call and each CUDA
 form, checked the same way, then timed eager in 3 interleaved rounds of 10 calls (device
 events; medians), and the per-kernel device time of the shipped call and the first CUDA form
 (torch.profiler). One JSON line per row as it finishes.
