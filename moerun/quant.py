@@ -9,8 +9,11 @@ Conventions (the DeepSeek-V3 / Qwen3-FP8 checkpoint layout, transformers 5 ``FP8
 * weights are ``float8_e4m3fn`` with an fp32 ``scale_inv`` per ``bn x bk`` block:
   ``w ~= w_fp8 * scale_inv[n // bn, k // bk]``;
 * activations are quantized per row and ``g``-column group:
-  ``scale = max(amax(|x_group|), 1e-10) / 448`` and ``x_fp8 = clamp(x / scale, +-448)``
-  rounded to nearest-even e4m3; ``x ~= x_fp8 * scale``.
+  ``scale = max(amax(|x_group|), 1e-10) * fp32(1 / 448)`` and ``x_fp8 = clamp(x / scale,
+  +-448)`` rounded to nearest-even e4m3; ``x ~= x_fp8 * scale``. The scale is a product by the
+  fp32 reciprocal, not a division: torch on CUDA computes ``tensor / 448`` that way and on the
+  CPU exactly, and a one-bit difference in a scale flips the e4m3 codes that sit on a rounding
+  tie (bf16 inputs make ties common), so every implementation uses the product.
 
 Everything here is pure torch on any device (the twin and the CPU path); no host sync.
 """
@@ -41,8 +44,9 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 #: Floor on a group's amax, so an all-zero group gets a finite scale (and zero codes).
 AMAX_EPS = 1e-10
-#: The scale of an all-zero group (what :func:`quantize_rows` gives a zero or padded row).
-ZERO_ROW_SCALE = AMAX_EPS / FP8_MAX
+#: The scale of an all-zero group (what :func:`quantize_rows` gives a zero or padded row): the
+#: fp32 product ``fp32(AMAX_EPS) * fp32(1 / 448)``, as the kernels compute it.
+ZERO_ROW_SCALE = (torch.tensor(AMAX_EPS, dtype=torch.float32) * (1.0 / FP8_MAX)).item()
 
 _METHODS = ("fp8_block",)
 
@@ -157,7 +161,7 @@ def quantize_rows(x: torch.Tensor, group: int = 128) -> QuantizedRows:
     if x.dim() != 2:
         raise ValueError(f"x must be [M, H], got {list(x.shape)}")
     xg, pad = _groups(x, group)
-    scale = xg.abs().amax(dim=-1).clamp(min=AMAX_EPS) / FP8_MAX  # [M, G]
+    scale = xg.abs().amax(dim=-1).clamp(min=AMAX_EPS) * (1.0 / FP8_MAX)  # [M, G]
     q = (xg / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = q.reshape(x.shape[0], xg.shape[-2] * group)  # explicit: M may be 0
     if pad:
@@ -179,7 +183,7 @@ def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)
     """Quantize ``w [..., N, K]`` per ``block`` to e4m3 with fp32 ``scale_inv``.
 
     Returns ``(w_fp8 [..., N, K], scale_inv [..., ceil(N/bn), ceil(K/bk)])`` with
-    ``scale_inv = max(amax, 1e-10) / 448`` per block (the checkpoint convention). For tests
+    ``scale_inv = max(amax, 1e-10) * fp32(1 / 448)`` per block (the checkpoint convention). For tests
     and benchmarks (checkpoints ship already quantized).
 
     Allocates; current stream; no host sync; capturable.
@@ -190,7 +194,7 @@ def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)
     wf = torch.nn.functional.pad(w.float(), (0, pk, 0, pn))
     gn, gk = (n + pn) // bn, (k + pk) // bk
     blocks = wf.reshape(*lead, gn, bn, gk, bk)
-    scale = blocks.abs().amax(dim=(-3, -1)).clamp(min=AMAX_EPS) / FP8_MAX  # [..., gn, gk]
+    scale = blocks.abs().amax(dim=(-3, -1)).clamp(min=AMAX_EPS) * (1.0 / FP8_MAX)
     q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = q.reshape(*lead, n + pn, k + pk)[..., :n, :k].contiguous()
     return q, scale.contiguous()

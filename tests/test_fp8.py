@@ -47,13 +47,13 @@ def _layer(cfg: MoEConfig, case, **kw) -> ConfigurableMoE:
 
 
 def _hand_fp8(x, w13, s13, w2, s2, weights, ids, g=128):
-    """DESIGN 11a written out: per row and 128-column group ``scale = max(amax, 1e-10) /
-    448``, e4m3 codes, dequantized; weights dequantized block by block; per (t, j)."""
+    """DESIGN 11a written out: per row and 128-column group ``scale = max(amax, 1e-10) *
+    fp32(1/448)``, e4m3 codes, dequantized; weights dequantized block by block; per (t, j)."""
     def q_rows(a):
         out = torch.empty_like(a)
         for c in range(0, a.shape[1], g):
             blk = a[:, c:c + g]
-            sc = blk.abs().amax(dim=1, keepdim=True).clamp(min=1e-10) / 448.0
+            sc = blk.abs().amax(dim=1, keepdim=True).clamp(min=1e-10) * (1.0 / 448.0)
             out[:, c:c + g] = (blk / sc).clamp(-448, 448).to(FP8_DTYPE).float() * sc
         return out
 

@@ -16,7 +16,7 @@ def quantize_tile(xf, EPS: tl.constexpr, QMAX: tl.constexpr):
     """fp32 ``[BM, G]`` -> (e4m3 codes, fp32 scale ``[BM]``) as ``moerun.quant`` defines.
     Device code (inlined into the calling kernel), registers only."""
     amax = tl.max(tl.abs(xf), axis=1)
-    scale = tl.maximum(amax, EPS) / QMAX
+    scale = tl.maximum(amax, EPS) * (1.0 / QMAX)  # the fp32 reciprocal, as moerun.quant
     q = tl.minimum(tl.maximum(xf / scale[:, None], -QMAX), QMAX)
     return q.to(tl.float8e4nv), scale
 

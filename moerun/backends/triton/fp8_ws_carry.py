@@ -147,7 +147,7 @@ def _gate_up_carry_consumer(args, W: gl.constexpr, STAGES: gl.constexpr,
             g, u = gl.split(gl.permute(gl.reshape(acc, [HALFC, 2, BN]), [0, 2, 1]))
             # silu(g) * u rounded to the activation dtype, then quantize_rows_fp8's definition
             act = _round_to(g / (1.0 + gl.exp(-g)) * u, MID)
-            scale = gl.maximum(gl.max(gl.abs(act), axis=1), EPS) / QMAX
+            scale = gl.maximum(gl.max(gl.abs(act), axis=1), EPS) * (1.0 / QMAX)
             q = gl.minimum(gl.maximum(act / gl.expand_dims(scale, 1), -QMAX), QMAX)
             tma.store_wait(pendings=0)
             c_bufs.index(W).store(q.to(c_desc.dtype))
