@@ -3,8 +3,9 @@
 # with its scale rule fixed (2026-12-06), checked (watchdog build) and, if it passes, timed;
 # the fp8 MoE forms timed against the shipped call (the first run checked them but did not
 # time them); then Nsight Compute over one bf16 and one fp8 CUDA MoE call at deepseek-v3
-# T=8192 (why the bf16 form's GEMMs run near 270 TFLOP/s). Files back: log.txt, check.txt,
-# decode.txt, moe.txt, ncu-bf16.csv, ncu-fp8.csv.
+# T=8192 (why the bf16 form's GEMMs run near 270 TFLOP/s); between them the package's fp8 GPU
+# tests. Files back: log.txt, check.txt, decode.txt, moe.txt, gpu-fp8.txt, ncu-bf16.csv,
+# ncu-fp8.csv.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin
 D=benchmarks/experiments/cuda-fp8-mc-2026-12-05
@@ -27,8 +28,13 @@ if tail -1 $OUT/check.txt | grep -q "^ok decode fp8"; then
   timeout -k 5 60 python3 $D/decode_probe.py --dtype fp8 > $OUT/decode.txt 2>&1
   echo "decode probe fp8 rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
 fi
-timeout -k 5 150 python3 $D/moe_probe.py --dtype fp8 --mc 1,2,4 > $OUT/moe.txt 2>&1
+timeout -k 5 120 python3 $D/moe_probe.py --dtype fp8 --mc 1,2,4 > $OUT/moe.txt 2>&1
 echo "moe probe fp8 rc=$? at ${SECONDS}s" | tee -a $OUT/log.txt
+# the fp8 GPU tests of the package after the scale-rule change (moerun/quant.py, 2026-12-06)
+timeout -k 10 130 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_triton_fp8.py \
+    tests/test_fp8_ws.py > $OUT/gpu-fp8.txt 2>&1
+echo "gpu fp8 tests rc=$? at ${SECONDS}s: $(tail -1 $OUT/gpu-fp8.txt | cut -c1-120)" \
+    | tee -a $OUT/log.txt
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "ncu: $NCU" | tee -a $OUT/log.txt
 for dt in bf16 fp8; do
