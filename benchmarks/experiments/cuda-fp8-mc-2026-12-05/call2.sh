@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Second device call of the CUDA probes (any sm90 card, about 5 minutes): the fp8 decode pair
-# with its scale rule fixed (2026-12-06), checked (watchdog build) and, if it passes, timed;
+# with its scale rule fixed (2026-12-06), checked (timing build) and, if it passes, timed;
 # the fp8 MoE forms timed against the shipped call (the first run checked them but did not
 # time them); then Nsight Compute over one bf16 and one fp8 CUDA MoE call at deepseek-v3
 # T=8192 (why the bf16 form's GEMMs run near 270 TFLOP/s); between them the package's fp8 GPU
