@@ -142,6 +142,23 @@ def test_layer_meets_both_bars(kw):
         assert rel_err(out, hand) < HAND_TOL
 
 
+def test_scales_are_the_fp32_reciprocal_product_on_every_device():
+    """A group's scale is ``fp32(amax) * fp32(1/448)`` (numpy's IEEE fp32 product here), not
+    the exact quotient: torch on CUDA computes ``tensor / 448`` as that product, and a last-bit
+    difference flips the e4m3 codes on rounding ties. In this draw most groups' quotient and
+    product differ, so the old quotient rule fails this test."""
+    np = pytest.importorskip("numpy")
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    amax = x.float().reshape(64, 2, 128).abs().amax(-1).numpy().astype(np.float32)
+    want = amax * np.float32(1.0 / 448.0)
+    assert (amax / np.float32(448.0) != want).mean() > 0.3  # the rule decides these bits
+    assert np.array_equal(quantize_rows(x, 128).scale.numpy(), want)
+    w = torch.randn(256, 384, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    wmax = w.float().reshape(2, 128, 3, 128).abs().amax(dim=(1, 3)).numpy().astype(np.float32)
+    assert np.array_equal(quantize_weight_blocks(w)[1].numpy(), wmax * np.float32(1.0 / 448.0))
+    assert ZERO_ROW_SCALE == float(np.float32(1e-10) * np.float32(1.0 / 448.0))
+
+
 def test_zero_tokens_and_zero_rows():
     cfg = _cfg()
     case = make_case(cfg, 6, seed=1)
