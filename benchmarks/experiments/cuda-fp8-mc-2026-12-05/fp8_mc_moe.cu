@@ -34,6 +34,8 @@
 // Build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -shared -Xcompiler -fPIC \
 //          -o fp8_mc_moe.so fp8_mc_moe.cu
 
+#include <cstdlib>
+
 #include "mc_common.cuh"
 
 namespace {
@@ -215,7 +217,14 @@ int launch(const void* a, const float* a_s, int a_s_stride, const void* w, const
   e = make_map(&mo, out, R, out_cols, 64, 64, 2);
   if (e) return e;
   const int smem = STAGES * STAGE_BYTES + C_STAGE_BYTES + 1024 + 2 * STAGES * 8;
-  return launch_persistent<MC>(moe_kernel<MC, STAGES, KIND, BF16>, smem, 0, stream, ctas_used, ma,
+  // MC_MOE_GRID=tiles: one cluster per tile of the static bound (R / BM row blocks), launched
+  // in tile order, so an expert's row blocks run side by side and share each weight tile in
+  // L2 (the persistent grid's CTAs drift apart; Nsight Compute, 2026-12-06: the bf16 gate/up
+  // read its weights about three times from DRAM). Clusters past the routed tiles exit.
+  const char* grid = getenv("MC_MOE_GRID");
+  const int ctas = grid && grid[0] == 't' ? (R / BM) * (out_cols / (KIND == GATE_UP ? 64 : BN))
+                                          : 0;
+  return launch_persistent<MC>(moe_kernel<MC, STAGES, KIND, BF16>, smem, ctas, stream, ctas_used, ma,
                                mb, mo, a_s, a_s_stride, w_s, sorted_ids, expert_ids, num_post,
                                topk_w, num_pairs, K, I, H);
 }
