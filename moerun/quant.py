@@ -183,8 +183,8 @@ def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)
     """Quantize ``w [..., N, K]`` per ``block`` to e4m3 with fp32 ``scale_inv``.
 
     Returns ``(w_fp8 [..., N, K], scale_inv [..., ceil(N/bn), ceil(K/bk)])`` with
-    ``scale_inv = max(amax, 1e-10) * fp32(1 / 448)`` per block (the checkpoint convention). For tests
-    and benchmarks (checkpoints ship already quantized).
+    ``scale_inv = max(amax, 1e-10) * fp32(1 / 448)`` per block (the checkpoint convention).
+    For tests and benchmarks (checkpoints ship already quantized).
 
     Allocates; current stream; no host sync; capturable.
     """
