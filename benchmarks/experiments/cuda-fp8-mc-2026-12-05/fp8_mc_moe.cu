@@ -224,8 +224,8 @@ int launch(const void* a, const float* a_s, int a_s_stride, const void* w, const
   const char* grid = getenv("MC_MOE_GRID");
   const int ctas = grid && grid[0] == 't' ? (R / BM) * (out_cols / (KIND == GATE_UP ? 64 : BN))
                                           : 0;
-  return launch_persistent<MC>(moe_kernel<MC, STAGES, KIND, BF16>, smem, ctas, stream, ctas_used, ma,
-                               mb, mo, a_s, a_s_stride, w_s, sorted_ids, expert_ids, num_post,
+  return launch_persistent<MC>(moe_kernel<MC, STAGES, KIND, BF16>, smem, ctas, stream, ctas_used,
+                               ma, mb, mo, a_s, a_s_stride, w_s, sorted_ids, expert_ids, num_post,
                                topk_w, num_pairs, K, I, H);
 }
 
