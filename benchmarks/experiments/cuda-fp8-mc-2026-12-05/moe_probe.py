@@ -16,8 +16,8 @@ bf16 copies.
 
 ``--check``: small calls of every model shape (T=64; qwen3-30b-a3b T=300 for padding blocks,
 mixtral8x7b T=600 for two blocks per expert) at 4 and 6 stages, each against DESIGN 11a's
-reference (``moerun.quant.reference_fp8_moe``; bf16: an fp32 pair loop) and the shipped call;
-``ok mc=<n> <dtype>`` when every relative error against the reference is within the bar
+reference (``moerun.quant.reference_fp8_moe``; bf16: the bench's fp32 ``reference_rows``)
+and the shipped call; ``ok mc=<n> <dtype>`` when every relative error against the reference is within the bar
 (:data:`BARS`). The distance from the shipped call is recorded, not a bar (:func:`_verdict`).
 Otherwise, per cell: the shipped call and each CUDA
 form, checked the same way, then timed eager in 3 interleaved rounds of 10 calls (device
@@ -200,30 +200,15 @@ def _verdict(out, ref, shipped, bar: float) -> dict:
     return row
 
 
-def _bf16_reference(x, w13, w2, w, ids, tokens=None):
-    """fp32 ``sum_j w[t, j] * (silu(x W_g^T) * (x W_u^T)) W_2^T`` over the pairs of the first
-    ``tokens`` tokens (all by default): a loop, with no fp32 copy of the whole weights."""
-    n = x.shape[0] if tokens is None else min(tokens, x.shape[0])
-    out = torch.zeros(n, w2.shape[1], device=x.device)
-    inter = w13.shape[1] // 2
-    for t in range(n):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            if e < 0:
-                continue
-            hgu = w13[e].float() @ x[t].float()
-            a = torch.nn.functional.silu(hgu[:inter]) * hgu[inter:]
-            out[t] += w[t, j] * (w2[e].float() @ a)
-    return out
-
-
 def _reference(x, w13, w2, s13, s2, w, ids):
-    """DESIGN 11a's reference (fp8), or :func:`_bf16_reference` (bf16 weights, no scales) of
-    the first 64 tokens (a loop over pairs; :func:`_rel` compares that many rows)."""
+    """DESIGN 11a's reference (fp8), or for bf16 weights (no scales) the bench's fp32
+    ``moerun.bench.inputs.reference_rows`` of the first 64 tokens (one hit expert upcast at a
+    time; :func:`_rel` compares that many rows)."""
+    from moerun.bench.inputs import reference_rows
     from moerun.quant import QuantConfig, reference_fp8_moe
 
     if s13 is None:
-        return _bf16_reference(x, w13, w2, w, ids, tokens=64)
+        return reference_rows(x[:64], w13, w2, w[:64], ids[:64])
     return reference_fp8_moe(x, w13, s13, w2, s2, w, ids, QuantConfig(), out_dtype=torch.float32,
                              intermediate_dtype=torch.bfloat16)
 
