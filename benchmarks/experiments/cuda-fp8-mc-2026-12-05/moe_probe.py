@@ -17,10 +17,10 @@ bf16 copies.
 ``--check``: small calls of every model shape (T=64; qwen3-30b-a3b T=300 for padding blocks,
 mixtral8x7b T=600 for two blocks per expert) at 4 and 6 stages, each against DESIGN 11a's
 reference (``moerun.quant.reference_fp8_moe``; bf16: the bench's fp32 ``reference_rows``)
-and the shipped call; ``ok mc=<n> <dtype>`` when every relative error against the reference is within the bar
-(:data:`BARS`). The distance from the shipped call is recorded, not a bar (:func:`_verdict`).
-Otherwise, per cell: the shipped call and each CUDA
-form, checked the same way, then timed eager in 3 interleaved rounds of 10 calls (device
+and the shipped call; ``ok mc=<n> <dtype>`` when every relative error against the
+reference is within the bar (:data:`BARS`). The distance from the shipped call is recorded,
+not a bar (:func:`_verdict`). Otherwise, per cell: the shipped call and each CUDA form,
+checked the same way, then timed eager in 3 interleaved rounds of 10 calls (device
 events; medians), and the per-kernel device time of the shipped call and the first CUDA form
 (torch.profiler). One JSON line per row as it finishes.
 """
