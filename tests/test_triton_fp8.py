@@ -21,20 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fp32_moe(x, w13, w2, weights, ids):
-    """fp32 ``sum_j w * (silu(x Wg^T) * (x Wu^T)) W2^T`` over ids >= 0 (a plain loop)."""
-    m, h = x.shape
-    inter = w13.shape[1] // 2
-    out = torch.zeros(m, h, dtype=torch.float64)
-    for t in range(m):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            if e < 0:
-                continue
-            gu = w13[e].double() @ x[t].double()
-            a = torch.nn.functional.silu(gu[:inter]) * gu[inter:]
-            out[t] += float(weights[t, j]) * (w2[e].double() @ a)
-    return out
+    """fp64 ``sum_j w * (silu(x Wg^T) * (x Wu^T)) W2^T`` over ids >= 0: the bench's upcast
+    reference (``moerun.bench.inputs.reference_rows``), which shares no code with the kernels."""
+    from moerun.bench.inputs import reference_rows
 
+    return reference_rows(x, w13, w2, weights, ids, acc=torch.float64)
 
 
 def _problem(m, k, s, h, i, seed, device="cpu", empty_row=True):
