@@ -44,9 +44,17 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 #: Floor on a group's amax, so an all-zero group gets a finite scale (and zero codes).
 AMAX_EPS = 1e-10
-#: The scale of an all-zero group (what :func:`quantize_rows` gives a zero or padded row): the
-#: fp32 product ``fp32(AMAX_EPS) * fp32(1 / 448)``, as the kernels compute it.
-ZERO_ROW_SCALE = (torch.tensor(AMAX_EPS, dtype=torch.float32) * (1.0 / FP8_MAX)).item()
+
+
+def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+    """fp32 ``amax [...]`` -> the e4m3 scale ``max(amax, AMAX_EPS) * fp32(1 / 448)`` (the
+    product, see the module docstring): the one torch statement of the rule. Pure torch."""
+    return amax.clamp(min=AMAX_EPS) * (1.0 / FP8_MAX)
+
+
+#: The scale of an all-zero group (what :func:`quantize_rows` gives a zero or padded row), as
+#: the kernels compute it.
+ZERO_ROW_SCALE = _scale_of(torch.zeros((), dtype=torch.float32)).item()
 
 _METHODS = ("fp8_block",)
 
@@ -161,7 +169,7 @@ def quantize_rows(x: torch.Tensor, group: int = 128) -> QuantizedRows:
     if x.dim() != 2:
         raise ValueError(f"x must be [M, H], got {list(x.shape)}")
     xg, pad = _groups(x, group)
-    scale = xg.abs().amax(dim=-1).clamp(min=AMAX_EPS) * (1.0 / FP8_MAX)  # [M, G]
+    scale = _scale_of(xg.abs().amax(dim=-1))  # [M, G]
     q = (xg / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = q.reshape(x.shape[0], xg.shape[-2] * group)  # explicit: M may be 0
     if pad:
@@ -194,7 +202,7 @@ def quantize_weight_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)
     wf = torch.nn.functional.pad(w.float(), (0, pk, 0, pn))
     gn, gk = (n + pn) // bn, (k + pk) // bk
     blocks = wf.reshape(*lead, gn, bn, gk, bk)
-    scale = blocks.abs().amax(dim=(-3, -1)).clamp(min=AMAX_EPS) * (1.0 / FP8_MAX)
+    scale = _scale_of(blocks.abs().amax(dim=(-3, -1)))  # [..., gn, gk]
     q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = q.reshape(*lead, n + pn, k + pk)[..., :n, :k].contiguous()
     return q, scale.contiguous()
