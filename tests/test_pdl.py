@@ -151,6 +151,7 @@ def test_enabled_needs_hopper_and_no_interpreter_and_no_opt_out(monkeypatch):
 _KERNEL_MODULES = ["moerun.routing.kernel", "moerun.backends.triton.align",
                    "moerun.backends.triton.gate_up", "moerun.backends.triton.down",
                    "moerun.backends.triton.combine", "moerun.backends.triton.persistent",
+                   "moerun.backends.triton.gather",
                    "moerun.backends.triton.fp8", "moerun.backends.triton.fp8_paired",
                    "moerun.backends.triton.fp8_direct", "moerun.backends.triton.fp8_quant",
                    "moerun.backends.triton.dense"]

@@ -219,14 +219,16 @@ def test_plan_modes_follow_the_bench_serving_regime(tmp_path):
 
 
 def test_prefill_points_time_the_persistent_kernels_too(tmp_path):
-    """bf16 points with more than 160 rows per hit expert time 6 persistent configs as whole
-    calls (compiled too, within MAX_CONFIGS); decode points, fp32 and fp8 time none."""
+    """bf16 points with more than 160 rows per hit expert time 9 persistent configs as whole
+    calls (compiled too, within MAX_CONFIGS), three of them with the tail split; decode
+    points, fp32 and fp8 time none."""
     shapes = [SHAPES[n] for n in ("mixtral8x7b", "qwen3-30b-a3b", "deepseek-v3",
                                   "deepseek-v3-ep8-local", "qwen3-235b-ep8-local")]
     with_p = []
     for p in plan_points(shapes, None, BF16, H200, tmp_path):
         rows = p.tokens * p.shape.top_k / min(p.shape.num_experts, p.tokens * p.shape.top_k)
-        assert len(p.persistent) == (6 if rows > 160 else 0), (p.shape.name, p.tokens)
+        assert len(p.persistent) == (9 if rows > 160 else 0), (p.shape.name, p.tokens)
+        assert sum(c.tail_split for c in p.persistent) == (3 if rows > 160 else 0)
         assert all(c.kernel == "persistent" and c.combine == "reduce" for c in p.persistent)
         assert p.num_configs - len(p.direct) <= MAX_CONFIGS  # direct ones come on top
         assert len(compile_configs(p)) == p.num_configs
@@ -630,3 +632,18 @@ def test_fp8_tune_loop_runs_under_the_interpreter_and_its_file_is_used(tmp_path)
     lo = (2 * (3 * 128 * 128 + 12) + 4 * 3 * 128) / 1e10 * 1e6
     hi = (6 * (3 * 128 * 128 + 12) + 4 * 3 * 128) / 1e10 * 1e6
     assert lo - 1e-9 <= got["floor_us"] <= hi + 1e-9
+
+
+def test_an_empty_config_dir_variable_means_the_shipped_files(monkeypatch):
+    """``MOERUN_TRITON_CONFIG_DIR=`` (empty, as ``VAR= cmd`` leaves it in a shell script) reads
+    the shipped files; before, it was taken as the current directory, where no file was
+    found, and every call ran heuristic configs."""
+    from moerun.backends.triton.configs import CONFIG_DIR, ConfigTable
+
+    monkeypatch.setenv("MOERUN_TRITON_CONFIG_DIR", "")
+    table = ConfigTable("NVIDIA H200")
+    assert table.config_dir == str(CONFIG_DIR)
+    assert table.lookup(8, 14336, 4096, 1024, 2, torch.bfloat16).source.startswith("tuned (")
+    monkeypatch.setenv("MOERUN_TRITON_CONFIG_DIR", "/nonexistent")
+    assert ConfigTable("NVIDIA H200").lookup(8, 14336, 4096, 1024, 2,
+                                             torch.bfloat16).source == "heuristic"

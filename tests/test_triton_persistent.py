@@ -27,6 +27,16 @@ from tests.interp_worker import emit, rel, rows_of, run_worker
 TOL = {"float32": 1e-5, "float16": 2e-3}
 
 
+def tail_counters(tiles, programs, k_tiles, min_steps, max_parts=4):
+    """Each program-indexed arrival counter after a launch with the tail split, from the
+    rule of ``tail_split.py`` written out on the host: the ``rem`` tail tiles' counters read
+    their part count when the split pays, everything else 0."""
+    rem = tiles % programs
+    parts = min(max_parts, programs // rem) if rem else 1
+    pays = rem > 0 and parts > 1 and k_tiles // parts + min_steps < k_tiles
+    return [parts] * rem + [0] * (programs - rem) if pays else [0] * programs
+
+
 # ---------------------------------------------------------------- the worker (subprocess)
 def _worker() -> None:  # pragma: no cover -- runs in the subprocess
     import time
@@ -110,6 +120,64 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
                  out_dtype=str(out_p.dtype), shape=list(out_p.shape))
             emit(kind="timing", name=f"{name}/{dt_name}", secs=time.time() - t0)
 
+    # the tail split (tail_split.py): program counts that leave one tail tile, a tail of
+    # half a round and of a third (several tiles, 2 and 3 parts), and more programs than
+    # tiles (all tail); afterwards the counters must read what ``tail_counters`` says
+    from moerun.backends.triton.tail_split import tail_scratch
+
+    for dt_name in ("float32", "float16"):
+        dt = getattr(torch, dt_name)
+        for name, m, k, s, h, i, gu_kw, dn_kw, min_steps in (
+                ("tail/K-even", 21, 2, 3, 64, 48, {"block_n": 16, "block_k": 16},
+                 {"block_n": 16, "block_k": 16}, 1),
+                ("tail/K-tail,N-tail", 13, 3, 4, 40, 40, {"block_n": 16, "block_k": 16,
+                                                          "group_m": 2},
+                 {"block_n": 32, "block_k": 16}, 1),
+                ("tail/min-steps", 9, 2, 3, 96, 64, {"block_n": 16, "block_k": 16},
+                 {"block_n": 16, "block_k": 16}, 3)):
+            x = rnd(m, h, dtype=dt)
+            w13 = rnd(s, 2 * i, h, dtype=dt, scale=h ** -0.5)
+            w2 = rnd(s, h, i, dtype=dt, scale=i ** -0.5)
+            ids = torch.stack([torch.randperm(s, generator=g)[:k] for _ in range(m)]).int()
+            tw = torch.rand(m, k, generator=g)
+            al = moe_align(ids, s, 16)
+            used = int(al.num_post[0]) // 16
+            for kind, n_cols, k_len, kw in (("gate_up", i, h, gu_kw), ("down", h, i, dn_kw)):
+                tiles = used * -(-n_cols // kw["block_n"])
+                k_tiles = -(-k_len // kw["block_k"])
+                for progs in sorted({tiles - 1, 2 * tiles // 3, 3 * tiles // 4, tiles + 3}):
+                    cfg = ExpertsConfig(block_m=16, gate_up=GateUpConfig(**gu_kw),
+                                        down=DownConfig(**dn_kw), kernel="persistent",
+                                        programs=progs, tail_split=True)
+                    scratch = tail_scratch(cfg, progs, x.device)
+                    scratch.zero.zero_()
+                    if kind == "gate_up":
+                        act = torch.full((al.max_blocks * 16, i), float("nan"), dtype=dt)
+                        gate_up_persistent(x, w13, al, k, GateUpConfig(**gu_kw), programs=progs,
+                                           out=act, tail_split=True, tail=scratch,
+                                           tail_min_steps=min_steps)
+                        err = rel(act[:used * 16], gate_up_torch(x, w13, al, k)[:used * 16])
+                        cnt = scratch.zero.view(torch.int32)[:progs]
+                    else:
+                        act = gate_up_torch(x, w13, al, k)
+                        y = torch.full((m * k, h), float("nan"), dtype=dt)
+                        down_persistent(act, w2, al, tw, k, DownConfig(**dn_kw), programs=progs,
+                                        out=y, tail_split=True, tail=scratch,
+                                        tail_min_steps=min_steps)
+                        err = rel(y, down_torch(act, w2, al, tw, k, atomic=False))
+                        cnt = scratch.zero.view(torch.int32)[scratch.programs:][:progs]
+                    emit(kind="tail", name=f"{name}/{kind}/{progs}-of-{tiles}/{dt_name}",
+                         dtype=dt_name, err=err, counters=cnt.tolist(),
+                         expected=tail_counters(tiles, progs, k_tiles, min_steps))
+            # the whole call: counters zeroed by the alignment launch
+            cfg = ExpertsConfig(block_m=16, gate_up=GateUpConfig(**gu_kw),
+                                down=DownConfig(**dn_kw), kernel="persistent", programs=3,
+                                tail_split=True)
+            ref = reference_moe(x.double(), w13.double(), w2.double(), tw.double(), ids)
+            out = backend(cfg).run_experts(x, w13, w2, tw, ids)
+            emit(kind="tail-backend", name=f"{name}/{dt_name}", dtype=dt_name,
+                 err=rel(out, ref))
+
     # the programs default (4 under the interpreter) and a bigger block_m
     m, k, s, h, i = 40, 2, 4, 64, 32
     x = rnd(m, h, dtype=torch.float32)
@@ -165,6 +233,21 @@ def test_backend_matches_reference_and_grouped(report):
         assert r["err"] <= TOL[r["dtype"]], r
         assert r["vs_grouped"] <= TOL[r["dtype"]], r
         assert r["out_dtype"] == f"torch.{r['dtype']}", r
+
+
+def test_tail_split_matches_twins_and_splits(report):
+    """The tail split's kernels against the twins, with the split known to have run: each
+    tail tile's counter reads its part count (2, 3 and 4 parts among the cases)."""
+    rows = rows_of(report, "tail")
+    assert len(rows) >= 40
+    for r in rows:
+        assert r["err"] <= TOL[r["dtype"]], r  # NaN fails: an unwritten row
+        assert r["counters"] == r["expected"], r
+    assert {max(r["counters"]) for r in rows} >= {0, 2, 3, 4}
+    backend_rows = rows_of(report, "tail-backend")
+    assert len(backend_rows) == 6
+    for r in backend_rows:
+        assert r["err"] <= TOL[r["dtype"]], r
 
 
 def test_fallbacks_run_the_grouped_kernels(report):
@@ -281,7 +364,7 @@ def _gpu_case(T=1024, seed=3, intermediate=1024):
     return shape, w, make_case(shape, T, torch.bfloat16, "cuda", seed=seed, drop=0.05)
 
 
-def _gpu_backend():
+def _gpu_backend(tail_split=False):
     from moerun.backends.triton import TritonExperts
     from moerun.backends.triton.configs import (
         ConfigTable,
@@ -293,26 +376,29 @@ def _gpu_backend():
     cfg = ExpertsConfig(block_m=128, gate_up=GateUpConfig(block_n=128, block_k=64, group_m=8,
                                                           num_warps=8, num_stages=3),
                         down=DownConfig(block_n=128, block_k=64, group_m=8, num_warps=8,
-                                        num_stages=3), kernel="persistent")
+                                        num_stages=3), kernel="persistent",
+                        tail_split=tail_split)
     return TritonExperts(ConfigTable(overrides={b: cfg for b in range(1, 1 << 15)}))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tail_split", [False, True])
 @pytest.mark.parametrize("intermediate", [1024, 1000])  # 1000: N tail of gate/up's [1, 2, BN,
-def test_gpu_bf16_persistent_matches_reference(intermediate):  # BK] box, K tail of down
+def test_gpu_bf16_persistent_matches_reference(intermediate, tail_split):  # BK], K tail of down
     from moerun.bench.inputs import reference_rows
     from moerun.testing import rel_err
 
     _, w, c = _gpu_case(intermediate=intermediate)
-    out = _gpu_backend().run_experts(c.x, w.w13, w.w2, c.topk_weights, c.topk_ids)
+    out = _gpu_backend(tail_split).run_experts(c.x, w.w13, w.w2, c.topk_weights, c.topk_ids)
     ref = reference_rows(c.x, w.w13, w.w2, c.topk_weights, c.topk_ids, acc=torch.float64)
     assert rel_err(out, ref) <= 1e-2
 
 
 @pytest.mark.gpu
-def test_gpu_persistent_graph_replay_equals_eager():
+@pytest.mark.parametrize("tail_split", [False, True])
+def test_gpu_persistent_graph_replay_equals_eager(tail_split):
     _, w, c = _gpu_case(T=2048, seed=5)
-    be = _gpu_backend()
+    be = _gpu_backend(tail_split)
     eager = be.run_experts(c.x, w.w13, w.w2, c.topk_weights, c.topk_ids)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -327,6 +413,58 @@ def test_gpu_persistent_graph_replay_equals_eager():
 
     assert rel_err(out, eager) <= 1e-2
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", ["sms", "tiles-1", "third"])
+def test_gpu_tail_split_kernels(programs):
+    """Both persistent kernels with the tail split on the device (the SM count, one tile more
+    than the programs, a tail of a third of a round): against the twins, and the counters
+    read what ``tail_counters`` says."""
+    from moerun.backends.triton.align import moe_align
+    from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
+    from moerun.backends.triton.down import down_torch
+    from moerun.backends.triton.gate_up import gate_up_torch
+    from moerun.backends.triton.persistent import (
+        down_persistent,
+        gate_up_persistent,
+        persistent_programs,
+    )
+    from moerun.backends.triton.tail_split import TAIL_MAX_PARTS, TAIL_MIN_STEPS, tail_scratch
+    from moerun.testing import rel_err
+
+    shape, w, c = _gpu_case(T=1024, seed=7)
+    k = shape.top_k
+    gu = GateUpConfig(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    dn = DownConfig(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    al = moe_align(c.topk_ids, shape.num_experts, 128)
+    used = int(al.num_post[0]) // 128
+    act_t = gate_up_torch(c.x, w.w13, al, k)
+    for kind, tiles, k_len in (("gate_up", used * -(-shape.intermediate // 128), shape.hidden),
+                               ("down", used * -(-shape.hidden // 256), shape.intermediate)):
+        progs = {"sms": persistent_programs(tiles, c.x.device), "tiles-1": tiles - 1,
+                 "third": (3 * tiles) // 4}[programs]
+        cfg = ExpertsConfig(block_m=128, gate_up=gu, down=dn, kernel="persistent",
+                            programs=progs, tail_split=True)
+        scratch = tail_scratch(cfg, progs, c.x.device)
+        scratch.zero.zero_()
+        if kind == "gate_up":
+            act = gate_up_persistent(c.x, w.w13, al, k, gu, programs=progs, tail_split=True,
+                                     tail=scratch)
+            err = rel_err(act[:used * 128], act_t[:used * 128])
+            cnt = scratch.zero.view(torch.int32)[:progs]
+        else:
+            y = down_persistent(act_t, w.w2, al, c.topk_weights, k, dn, programs=progs,
+                                tail_split=True, tail=scratch)
+            live = (c.topk_ids >= 0).reshape(-1)
+            ref = down_torch(act_t, w.w2, al, c.topk_weights, k, atomic=False)
+            err = rel_err(y[live], ref[live])
+            cnt = scratch.zero.view(torch.int32)[scratch.programs:][:progs]
+        expected = tail_counters(tiles, progs, -(-k_len // 64), TAIL_MIN_STEPS, TAIL_MAX_PARTS)
+        assert err <= 1e-2, (kind, err)
+        assert cnt.tolist() == expected, (kind, progs, tiles)
+        if kind == "gate_up" and programs != "sms":  # 32 K steps: 3-4 parts pay
+            assert max(expected) >= 3, (progs, tiles)
 
 if __name__ == "__main__":
     _worker()

@@ -107,6 +107,10 @@ class ExpertsConfig:
             the grouped fp8 kernels run the same tiles.
         programs: persistent programs per launch (0: the device's SM count); only with
             ``kernel="persistent"``.
+        tail_split: only with ``kernel="persistent"``: the tiles of each launch's last,
+            partly filled round are cut along K over the idle programs (up to 4 parts a
+            tile, ``tail_split.py``; decided on the device from the tiles in use), so that
+            round takes a fraction of a tile-time instead of a whole one.
         skip_padding: only with ``kernel="ws"``: a consumer warp group whose 64 rows of a
             block are all padding skips the tile's K loop (True), or runs it like a live one
             and writes padding rows nothing reads (False, the default). Running it keeps
@@ -122,6 +126,7 @@ class ExpertsConfig:
     kernel: str = "grouped"
     programs: int = 0
     skip_padding: bool = False
+    tail_split: bool = False
 
     def __post_init__(self):
         if self.block_m not in (16, 32, 64, 128, 256):
@@ -162,6 +167,10 @@ class ExpertsConfig:
         if self.skip_padding and self.kernel != "ws":
             raise ValueError("ExpertsConfig.skip_padding=True is a knob of kernel='ws' (the "
                              "fp8 Gluon kernels); leave it False for other kernels")
+        if self.tail_split not in (False, True) or (self.tail_split
+                                                    and self.kernel != "persistent"):
+            raise ValueError(f"ExpertsConfig.tail_split={self.tail_split!r}: a bool, True only "
+                             "with kernel='persistent'")
         if self.programs < 0 or (self.programs and self.kernel != "persistent"):
             raise ValueError(f"ExpertsConfig.programs={self.programs!r}: >= 0, and only with "
                              "kernel='persistent'")
@@ -175,7 +184,7 @@ class ExpertsConfig:
             for f in _OPTIONAL_FIELDS:
                 if f in d[part] and d[part][f] == _field_default(cls, f):
                     del d[part][f]
-        for f in ("kernel", "programs", "skip_padding"):
+        for f in ("kernel", "programs", "skip_padding", "tail_split"):
             if d[f] == _field_default(ExpertsConfig, f):
                 del d[f]
         return d
@@ -188,7 +197,8 @@ class ExpertsConfig:
         return cls(block_m=int(d["block_m"]), gate_up=GateUpConfig(**d["gate_up"]),
                    down=DownConfig(**d["down"]), combine=d.get("combine", "reduce"),
                    kernel=d.get("kernel", "grouped"), programs=int(d.get("programs", 0)),
-                   skip_padding=bool(d.get("skip_padding", False)))
+                   skip_padding=bool(d.get("skip_padding", False)),
+                   tail_split=bool(d.get("tail_split", False)))
 
     def key(self) -> str:
         """A short stable name (for tables and logs). Pure."""
@@ -201,6 +211,8 @@ class ExpertsConfig:
                 return "".join(ch for ch, on in (("F", c.flatten),
                                                  ("A", getattr(c, "a_tma", False))) if on)
             key += f"|persistent p{self.programs} gu{flags(g) or '-'} dn{flags(d) or '-'}"
+            if self.tail_split:
+                key += " tail"
         elif self.kernel in ("direct", "ws"):
             key += f"|{self.kernel}{' skip' if self.skip_padding else ''}"
         return key

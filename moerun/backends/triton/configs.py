@@ -318,7 +318,10 @@ class ConfigTable:
     def __init__(self, device_name: str = "", config_dir: Path | str | None = None,
                  overrides: dict[int, ExpertsConfig] | None = None):
         self.device_name = device_name
-        self.config_dir = str(config_dir or os.environ.get("MOERUN_TRITON_CONFIG_DIR", CONFIG_DIR))
+        # an empty MOERUN_TRITON_CONFIG_DIR counts as unset (``VAR= cmd`` in a shell script
+        # meant "the shipped files", and read as the current directory it found none)
+        self.config_dir = str(config_dir or os.environ.get("MOERUN_TRITON_CONFIG_DIR")
+                              or CONFIG_DIR)
         self.overrides = dict(overrides or {})
         self._cache: dict[tuple, ConfigChoice] = {}
         self._logged: set[tuple] = set()

@@ -349,7 +349,8 @@ class TritonExperts(Backend):
         """Aligned ``act`` rows + per-pair rows (or the fp32 sum; at most
         ``DIRECT_MAX_TOKENS`` rows, where ``moerun tune`` offers the direct path, its fp32
         per-pair partials and arrival counters) + index buffers, plus the rows gathered into
-        aligned order for the persistent kernels' TMA loads (``a_tma`` configs); an upper
+        aligned order for the persistent kernels' TMA loads (``a_tma`` configs) and their
+        tail split's partials (``tail_split`` configs); an upper
         bound over every config a T bucket may pick. Pure; host only."""
         from moerun.backends.triton.tune_plan import DIRECT_MAX_TOKENS
 
@@ -363,4 +364,7 @@ class TritonExperts(Backend):
         if rows <= DIRECT_MAX_TOKENS:  # direct, per pair: fp32 partials + 16-column counters
             per_pair = max(per_pair, pairs * h * 4 + rows * -(-h // 16) * 4)
         gathered = aligned * h * elt  # persistent a_tma: x rows copied into aligned order
-        return aligned * (i * elt + 4) + per_pair + rows * h * elt + gathered
+        # persistent tail split: one fp32 128 x 256 partial per program (bound: 256 programs);
+        # persistent configs only where the tuner offers them (> 160 rows per hit expert)
+        tail = 256 * 128 * 256 * 4 if pairs > 160 * min(s, pairs) else 0
+        return aligned * (i * elt + 4) + per_pair + rows * h * elt + gathered + tail

@@ -32,6 +32,8 @@ twins of these kernels too), different schedule:
 * down's A operand (the aligned intermediate ``act [R, I]``) through TMA; the routing weight
   in the epilogue; per-pair rows ``y [P, H]`` written for ``combine.moe_sum`` (a scattered
   store: rows ``pair(r)``);
+* with ``ExpertsConfig.tail_split``, the tiles of the last, partly filled round cut along K
+  over the idle programs (``tail_split.py``; the partials summed in a fixed order);
 * pipelining knobs from the config: ``num_stages`` on the K loop, ``flatten`` on the tile
   loop (``tl.range``). No warp specialization: the config field exists only so that
   :class:`~moerun.backends.triton.configs.ExpertsConfig` can refuse ``True`` by name --
@@ -58,11 +60,21 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
-from moerun._triton.launch import FastLauncher, cdiv, next_pow2
+from moerun._triton.launch import FastLauncher, cdiv
 from moerun._triton.gdc import pdl_prologue
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import DownConfig, GateUpConfig
 from moerun.backends.triton.gate_up import dot_precision, grouped_pid
+from moerun.backends.triton.gather import gather_rows
+from moerun.backends.triton.tail_split import (
+    TAIL_MIN_STEPS,
+    TailScratch,
+    tail_buffers,
+    tail_plan,
+    tail_reduce,
+    tail_scratch,
+    tail_unit,
+)
 
 patch_interpreter()
 
@@ -78,8 +90,6 @@ __all__ = [
 log = logging.getLogger("moerun")
 
 # ---------------------------------------------------------------- constants / config
-GATHER_BLOCK_M = 16
-GATHER_BLOCK_H = 512
 _NUM_SMS: dict = {}
 
 
@@ -114,33 +124,51 @@ def tma_compatible(*tensors: torch.Tensor) -> bool:
 
 
 # ---------------------------------------------------------------- kernels
-@triton.jit(do_not_specialize=["num_pairs", "max_rows"])
-def _gather_rows_kernel(
-    x_ptr,  # [M, H]
-    xs_ptr,  # [R, H] out: row r = x[sorted_ids[r] // K], zeros for padding rows
-    sorted_ids_ptr, num_post_ptr,
-    rows_ptr,  # [M*K] int32 out (MAP only): each placed pair's row r
-    num_pairs, hidden, max_rows,
-    stride_xm, stride_sm,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, MAP: tl.constexpr,
-    PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
-):
-    pdl_prologue(PDL)  # first: nothing touches global memory before the wait
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    if tl.program_id(0) * BLOCK_M >= tl.load(num_post_ptr):
-        return
-    pair = tl.load(sorted_ids_ptr + offs_m, mask=offs_m < max_rows, other=num_pairs)
-    row_ok = pair < num_pairs
-    if MAP:
-        tl.store(rows_ptr + pair, offs_m, mask=row_ok)
-    tok = (pair // TOP_K).to(tl.int64)
-    for h0 in range(0, hidden, BLOCK_H):
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        h_ok = offs_h < hidden
-        v = tl.load(x_ptr + tok[:, None] * stride_xm + offs_h[None, :],
-                    mask=row_ok[:, None] & h_ok[None, :], other=0.0)
-        tl.store(xs_ptr + offs_m[:, None].to(tl.int64) * stride_sm + offs_h[None, :], v,
-                 mask=(offs_m < max_rows)[:, None] & h_ok[None, :])
+@triton.jit
+def _gate_up_tile(x_ptr, a_desc, w_desc, sorted_ids_ptr, expert_ids_ptr, tile, k_lo, k_hi,
+                  used_blocks, num_n, num_pairs, hidden, stride_xm,
+                  TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+                  PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, A_TMA: tl.constexpr):
+    """K steps ``[k_lo, k_hi)`` of gate/up tile ``tile``: ``(acc, row0, n0)``, ``acc`` the fp32
+    ``[BM, 2 BN]`` ``[gate | up]`` sums. Device code (inlined): global/TMA loads only."""
+    pid_m, pid_n = grouped_pid(tile, used_blocks, num_n, GROUP_M)
+    expert = tl.load(expert_ids_ptr + pid_m)
+    row0 = pid_m * BLOCK_M
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    n0 = pid_n * BLOCK_N
+    offs_k = tl.arange(0, BLOCK_K)
+    if not A_TMA:
+        pair = tl.load(sorted_ids_ptr + offs_m)
+        row_ok = pair < num_pairs
+        tok = (pair // TOP_K).to(tl.int64)
+        a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
+    acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)  # [gate | up]
+    for k in tl.range(k_lo, k_hi, num_stages=NUM_STAGES):
+        if A_TMA:
+            a = a_desc.load([row0, k * BLOCK_K])
+        elif EVEN_K:
+            a = tl.load(a_ptrs + k * BLOCK_K, mask=row_ok[:, None], other=0.0)
+        else:
+            k_ok = offs_k < hidden - k * BLOCK_K
+            a = tl.load(a_ptrs + k * BLOCK_K, mask=row_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+        b = w_desc.load([expert, 0, n0, k * BLOCK_K]).reshape(2 * BLOCK_N, BLOCK_K)
+        acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+    return acc, row0, n0
+
+
+@triton.jit
+def _gate_up_store(acc, act_ptr, row0, n0, inter, stride_am,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The gate/up epilogue: ``silu(gate) * up`` of ``acc`` into ``act[row0:, n0:]``. Device
+    code (inlined): one masked store."""
+    acc_g, acc_u = tl.split(acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1))
+    act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up, fp32
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
+    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_rows", "num_slots", "num_programs"])
@@ -150,8 +178,10 @@ def _gate_up_persistent_kernel(
     w13_ptr,  # [S, 2I, H]
     act_ptr,  # [R, I] out
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment
+    ws_ptr,  # [G, BM * 2BN] fp32 tail partials (iff TAIL_SPLIT)
+    cnt_ptr,  # [G] int32 tail arrival counters, zero on entry (iff TAIL_SPLIT)
     # sizes
-    num_pairs, inter, hidden, max_rows, num_slots, num_programs,
+    num_pairs, inter, hidden, max_rows, num_slots, num_programs, tail_min_steps,
     # strides in elements (last dims contiguous)
     stride_xm, stride_we, stride_wn, stride_am,
     # meta
@@ -159,6 +189,7 @@ def _gate_up_persistent_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr, A_TMA: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,  # tail_split.py: the last round's tiles cut along K
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -171,39 +202,65 @@ def _gate_up_persistent_kernel(
         a_desc = tl.make_tensor_descriptor(x_ptr, shape=[max_rows, hidden],
                                            strides=[stride_xm, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
+    else:
+        a_desc = x_ptr  # unused: A rows are gathered by pointer
     num_n = tl.cdiv(inter, BLOCK_N)
     used_blocks = tl.load(num_post_ptr) // BLOCK_M
     num_tiles = used_blocks * num_n
     k_tiles = tl.cdiv(hidden, BLOCK_K)
-    offs_k = tl.arange(0, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
-        pid_m, pid_n = grouped_pid(tile, used_blocks, num_n, GROUP_M)
-        expert = tl.load(expert_ids_ptr + pid_m)
-        row0 = pid_m * BLOCK_M
-        offs_m = row0 + tl.arange(0, BLOCK_M)
-        n0 = pid_n * BLOCK_N
-        if not A_TMA:
-            pair = tl.load(sorted_ids_ptr + offs_m)
-            row_ok = pair < num_pairs
-            tok = (pair // TOP_K).to(tl.int64)
-            a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
-        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)  # [gate | up]
-        for k in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-            if A_TMA:
-                a = a_desc.load([row0, k * BLOCK_K])
-            elif EVEN_K:
-                a = tl.load(a_ptrs + k * BLOCK_K, mask=row_ok[:, None], other=0.0)
-            else:
-                k_ok = offs_k < hidden - k * BLOCK_K
-                a = tl.load(a_ptrs + k * BLOCK_K, mask=row_ok[:, None] & k_ok[None, :],
-                            other=0.0)
-            b = w_desc.load([expert, 0, n0, k * BLOCK_K]).reshape(2 * BLOCK_N, BLOCK_K)
-            acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
-        acc_g, acc_u = tl.split(acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1))
-        act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up, fp32
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
-        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=(offs_n < inter)[None, :])
+    main = num_tiles
+    if TAIL_SPLIT:
+        main, rem, parts = tail_plan(num_tiles, num_programs, k_tiles, tail_min_steps)
+    for tile in tl.range(tl.program_id(0), main, num_programs, flatten=FLATTEN):
+        acc, row0, n0 = _gate_up_tile(
+            x_ptr, a_desc, w_desc, sorted_ids_ptr, expert_ids_ptr, tile, 0, k_tiles,
+            used_blocks, num_n, num_pairs, hidden, stride_xm, TOP_K, BLOCK_M, BLOCK_N,
+            BLOCK_K, GROUP_M, EVEN_K, PRECISION, NUM_STAGES, A_TMA)
+        _gate_up_store(acc, act_ptr, row0, n0, inter, stride_am, BLOCK_M, BLOCK_N)
+    if TAIL_SPLIT:  # tail_split.py: at most one part of a tail tile per program
+        live, t, k_lo, k_hi = tail_unit(rem, parts, k_tiles)
+        if live:
+            acc, row0, n0 = _gate_up_tile(
+                x_ptr, a_desc, w_desc, sorted_ids_ptr, expert_ids_ptr, main + t, k_lo, k_hi,
+                used_blocks, num_n, num_pairs, hidden, stride_xm, TOP_K, BLOCK_M, BLOCK_N,
+                BLOCK_K, GROUP_M, EVEN_K, PRECISION, NUM_STAGES, A_TMA)
+            total, last = tail_reduce(acc, ws_ptr, cnt_ptr, t, parts, BLOCK_M, 2 * BLOCK_N)
+            if last:
+                _gate_up_store(total, act_ptr, row0, n0, inter, stride_am, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _down_tile(a_desc, w_desc, expert_ids_ptr, tile, k_lo, k_hi, used_blocks, num_n,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """K steps ``[k_lo, k_hi)`` of down tile ``tile``: ``(acc, row0, n0)``, ``acc`` fp32
+    ``[BM, BN]``, unweighted. Device code (inlined): TMA loads only."""
+    pid_m, pid_n = grouped_pid(tile, used_blocks, num_n, GROUP_M)
+    expert = tl.load(expert_ids_ptr + pid_m)
+    row0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in tl.range(k_lo, k_hi, num_stages=NUM_STAGES):
+        a = a_desc.load([row0, k * BLOCK_K])
+        b = w_desc.load([expert, n0, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
+        acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+    return acc, row0, n0
+
+
+@triton.jit
+def _down_store(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0, n0, num_pairs, hidden,
+                stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The down epilogue: ``acc`` times each row's routing weight, stored as the rows of its
+    pairs (``y[pair, n0:]``). Device code (inlined): a scattered masked store."""
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    w = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
+    acc = acc * w[:, None]
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    dst = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_n < hidden)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_rows", "num_slots", "num_programs"])
@@ -214,14 +271,17 @@ def _down_persistent_kernel(
     out_ptr,  # [P, H] x.dtype: weighted per-pair rows
     topk_weights_ptr,  # [P] fp32
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # alignment
+    ws_ptr,  # [G, BM * BN] fp32 tail partials (iff TAIL_SPLIT)
+    cnt_ptr,  # [G] int32 tail arrival counters, zero on entry (iff TAIL_SPLIT)
     # sizes
-    num_pairs, hidden, inter, max_rows, num_slots, num_programs,
+    num_pairs, hidden, inter, max_rows, num_slots, num_programs, tail_min_steps,
     # strides in elements (last dims contiguous)
     stride_am, stride_we, stride_wn, stride_om,
     # meta
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,  # tail_split.py: the last round's tiles cut along K
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -234,72 +294,37 @@ def _down_persistent_kernel(
     used_blocks = tl.load(num_post_ptr) // BLOCK_M
     num_tiles = used_blocks * num_n
     k_tiles = tl.cdiv(inter, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
-        pid_m, pid_n = grouped_pid(tile, used_blocks, num_n, GROUP_M)
-        expert = tl.load(expert_ids_ptr + pid_m)
-        row0 = pid_m * BLOCK_M
-        n0 = pid_n * BLOCK_N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-            a = a_desc.load([row0, k * BLOCK_K])
-            b = w_desc.load([expert, n0, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
-            acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
-        offs_m = row0 + tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_ids_ptr + offs_m)
-        row_ok = pair < num_pairs
-        w = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-        acc = acc * w[:, None]
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        dst = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(dst, acc.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & (offs_n < hidden)[None, :])
+    main = num_tiles
+    if TAIL_SPLIT:
+        main, rem, parts = tail_plan(num_tiles, num_programs, k_tiles, tail_min_steps)
+    for tile in tl.range(tl.program_id(0), main, num_programs, flatten=FLATTEN):
+        acc, row0, n0 = _down_tile(a_desc, w_desc, expert_ids_ptr, tile, 0, k_tiles,
+                                   used_blocks, num_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                   PRECISION, NUM_STAGES)
+        _down_store(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0, n0, num_pairs,
+                    hidden, stride_om, BLOCK_M, BLOCK_N)
+    if TAIL_SPLIT:  # tail_split.py: at most one part of a tail tile per program
+        live, t, k_lo, k_hi = tail_unit(rem, parts, k_tiles)
+        if live:
+            acc, row0, n0 = _down_tile(a_desc, w_desc, expert_ids_ptr, main + t, k_lo, k_hi,
+                                       used_blocks, num_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                       PRECISION, NUM_STAGES)
+            total, last = tail_reduce(acc, ws_ptr, cnt_ptr, t, parts, BLOCK_M, BLOCK_N)
+            if last:
+                _down_store(total, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0, n0,
+                            num_pairs, hidden, stride_om, BLOCK_M, BLOCK_N)
 
 
-_LAUNCH_GATHER = FastLauncher(_gather_rows_kernel)
 _LAUNCH_GATE_UP = FastLauncher(_gate_up_persistent_kernel)
 _LAUNCH_DOWN = FastLauncher(_down_persistent_kernel)
 
 
 # ---------------------------------------------------------------- launchers
-def gather_rows(x: torch.Tensor, align: Alignment, top_k: int,
-                out: torch.Tensor | None = None,
-                pair_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """``xs[r] = x[sorted_ids[r] // K]`` for the used rows, zeros for padding rows.
-
-    Args:
-        x: ``[M, H]``, last dim contiguous. align: the alignment (``M*K`` pairs). top_k: K.
-        out: optional ``[R, H]`` x.dtype buffer (a row stride of 16 bytes' multiple).
-        pair_rows: optional ``[M*K]`` int32 contiguous buffer that receives the inverse map,
-            ``sorted_ids[pair_rows[p]] == p`` for every placed pair (excluded pairs' entries
-            are left as they were).
-
-    Returns: ``xs [R, H]`` x.dtype; rows of blocks past ``num_post`` are not written. One
-    launch (a program per 16 rows, those past ``num_post`` exit at once); no host sync.
-    """
-    h = x.shape[1]
-    rows = align.max_blocks * align.block_m
-    if out is None:
-        out = torch.empty(rows, h, dtype=x.dtype, device=x.device)
-    elif out.shape != (rows, h) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{rows}, {h}] {x.dtype}")
-    if pair_rows is not None and (pair_rows.dtype != torch.int32 or not pair_rows.is_contiguous()
-                                  or pair_rows.numel() != align.num_pairs):
-        raise ValueError(f"pair_rows must be a contiguous int32 tensor of {align.num_pairs} "
-                         "entries")
-    _LAUNCH_GATHER(
-        (cdiv(rows, GATHER_BLOCK_M),),
-        x, out, align.sorted_ids, align.num_post,
-        align.sorted_ids if pair_rows is None else pair_rows, align.num_pairs, h, rows,
-        x.stride(0), out.stride(0),
-        top_k, GATHER_BLOCK_M, min(GATHER_BLOCK_H, max(16, next_pow2(h))), pair_rows is not None,
-        num_warps=4,
-    )
-    return out
-
-
 def gate_up_persistent(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
                        cfg: GateUpConfig, *, programs: int = 0,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, tail_split: bool = False,
+                       tail: TailScratch | None = None,
+                       tail_min_steps: int = TAIL_MIN_STEPS) -> torch.Tensor:
     """:func:`~moerun.backends.triton.gate_up.gate_up` as a persistent TMA kernel (same
     result, same ``act`` layout; module docstring for the schedule).
 
@@ -308,10 +333,14 @@ def gate_up_persistent(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top
             TMA-compatible (:func:`tma_compatible`). align: from :func:`moe_align` with
             ``M*K`` pairs. top_k: ``K``. cfg: tile and pipeline knobs (``cfg.a_tma``: gather
             ``x`` into aligned order first, one extra launch). programs: persistent programs
-            (0: the SM count). out: optional ``[R, I]`` buffer.
+            (0: the SM count). out: optional ``[R, I]`` buffer. tail_split: cut the tiles of
+            the last, partly filled round along K over the idle programs (``tail_split.py``).
+            tail: its scratch (:func:`tail_scratch`; allocated, counters zeroed, when
+            omitted). tail_min_steps: a part's overhead in K steps (tests force 1).
 
     Returns: ``act [R, I]`` x.dtype; rows of blocks past ``num_post`` are not written. One
-    launch (two with ``a_tma``); current stream; no host sync; capture-safe.
+    launch (two with ``a_tma``; plus a memset with ``tail_split`` and no ``tail``);
+    current stream; no host sync; capture-safe.
     """
     m, h = x.shape
     s, two_i, h2 = w13.shape
@@ -335,15 +364,16 @@ def gate_up_persistent(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top
         if not tma_compatible(a):
             raise ValueError(f"a_tma needs H * {x.element_size()} bytes to be a multiple of 16")
     g = persistent_programs(align.max_blocks * cdiv(inter, cfg.block_n), x.device, programs)
+    ws, cnt = tail_buffers(tail, tail_split, g, align.block_m * 2 * cfg.block_n, 0, a)
     _LAUNCH_GATE_UP(
         (g,),
-        a, w13, out, align.sorted_ids, align.expert_ids, align.num_post,
-        align.num_pairs, inter, h, rows, s, g,
+        a, w13, out, align.sorted_ids, align.expert_ids, align.num_post, ws, cnt,
+        align.num_pairs, inter, h, rows, s, g, tail_min_steps,
         a.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
         # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, NUM_STAGES, FLATTEN,
-        # A_TMA
+        # A_TMA, TAIL_SPLIT
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, h % cfg.block_k == 0,
-        dot_precision(x.dtype), cfg.num_stages, cfg.flatten, cfg.a_tma,
+        dot_precision(x.dtype), cfg.num_stages, cfg.flatten, cfg.a_tma, tail_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -351,7 +381,9 @@ def gate_up_persistent(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top
 
 def down_persistent(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
                     topk_weights: torch.Tensor, top_k: int, cfg: DownConfig, *,
-                    programs: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+                    programs: int = 0, out: torch.Tensor | None = None,
+                    tail_split: bool = False, tail: TailScratch | None = None,
+                    tail_min_steps: int = TAIL_MIN_STEPS) -> torch.Tensor:
     """:func:`~moerun.backends.triton.down.down` (per-pair rows, no split-K) as a persistent
     TMA kernel.
 
@@ -360,11 +392,12 @@ def down_persistent(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
             TMA-compatible. align: the alignment ``act`` was built with. topk_weights:
             ``[M, K]`` fp32 contiguous. top_k: ``K``. cfg: tile and pipeline knobs
             (``split_k`` must be 1). programs: persistent programs (0: the SM count).
-            out: optional ``[M*K, H]`` act.dtype buffer.
+            out: optional ``[M*K, H]`` act.dtype buffer. tail_split, tail, tail_min_steps:
+            as :func:`gate_up_persistent` (the second half of ``tail``'s counters).
 
     Returns: ``y [M*K, H]`` act.dtype, ``w * (act @ w2[e]^T)`` per pair; rows of excluded
-    pairs are not written (``combine.moe_sum`` skips them by id). One launch; current
-    stream; no host sync; capture-safe.
+    pairs are not written (``combine.moe_sum`` skips them by id). One launch (plus a memset
+    with ``tail_split`` and no ``tail``); current stream; no host sync; capture-safe.
     """
     rows, inter = act.shape
     s, h, i2 = w2.shape
@@ -384,14 +417,15 @@ def down_persistent(act: torch.Tensor, w2: torch.Tensor, align: Alignment,
     elif out.shape != (align.num_pairs, h) or out.dtype != act.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be [{align.num_pairs}, {h}] {act.dtype}")
     g = persistent_programs(align.max_blocks * cdiv(h, cfg.block_n), act.device, programs)
+    ws, cnt = tail_buffers(tail, tail_split, g, align.block_m * cfg.block_n, 1, act)
     _LAUNCH_DOWN(
         (g,),
-        act, w2, out, topk_weights, align.sorted_ids, align.expert_ids, align.num_post,
-        align.num_pairs, h, inter, rows, s, g,
+        act, w2, out, topk_weights, align.sorted_ids, align.expert_ids, align.num_post, ws, cnt,
+        align.num_pairs, h, inter, rows, s, g, tail_min_steps,
         act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, NUM_STAGES, FLATTEN
+        # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, NUM_STAGES, FLATTEN, TAIL_SPLIT
         align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, dot_precision(act.dtype),
-        cfg.num_stages, cfg.flatten,
+        cfg.num_stages, cfg.flatten, tail_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -429,7 +463,13 @@ def run_persistent(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                         tuple(w13.shape), x.dtype)
         return None
     s, k = w13.shape[0], topk_ids.shape[1]
-    align = moe_align(topk_ids, s, cfg.block_m)  # launch 1
-    act = gate_up_persistent(x, w13, align, k, cfg.gate_up, programs=cfg.programs)  # 2
-    y = down_persistent(act, w2, align, topk_weights, k, cfg.down, programs=cfg.programs)  # 3
+    tail = None
+    if cfg.tail_split:  # scratch for both launches; its counters zeroed by the alignment
+        tail = tail_scratch(cfg, persistent_programs(1 << 30, x.device, cfg.programs),
+                            x.device)
+    align = moe_align(topk_ids, s, cfg.block_m, zero=None if tail is None else tail.zero)  # 1
+    act = gate_up_persistent(x, w13, align, k, cfg.gate_up, programs=cfg.programs,
+                             tail_split=cfg.tail_split, tail=tail)  # launch 2
+    y = down_persistent(act, w2, align, topk_weights, k, cfg.down, programs=cfg.programs,
+                        tail_split=cfg.tail_split, tail=tail)  # launch 3
     return moe_sum(y, topk_ids, s)  # launch 4

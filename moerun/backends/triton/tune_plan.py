@@ -207,7 +207,10 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
     and the 3- and 4-stage pairs with the down tile loop flattened (``flatten``: Triton
     pipelines the next tile's first loads into this tile's tail; 3-7 % faster at the short
     down K of qwen3-235b, qwen3-30b and the EP-local T=2048/8192 cells, 1-2 % slower at
-    mixtral's long K, same run on the H200, 2026-12-05: docs/DECISIONS.md). Pure; host only."""
+    mixtral's long K, same run on the H200, 2026-12-05: docs/DECISIONS.md), and three of them
+    with the tail split (``tail_split``: mixtral T=1024's last round of down tiles is about a
+    third full; docs/DECISIONS.md, "The persistent kernels' tail split").
+    Pure; host only."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
     if elt != 2 or pairs / hit <= 160:
@@ -221,9 +224,11 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
     dn4 = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4)
     dn256f = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3, flatten=True)
     dn4f = D(block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4, flatten=True)
-    return [ExpertsConfig(block_m=128, gate_up=g, down=d, combine="reduce", kernel="persistent")
-            for g, d in ((gu, dn256), (gu_tma, dn256), (gu, dn128), (gu4, dn4), (gu, dn256f),
-                         (gu4, dn4f))]
+    return [ExpertsConfig(block_m=128, gate_up=g, down=d, combine="reduce", kernel="persistent",
+                          tail_split=t)
+            for g, d, t in ((gu, dn256, False), (gu_tma, dn256, False), (gu, dn128, False),
+                            (gu4, dn4, False), (gu, dn256f, False), (gu4, dn4f, False),
+                            (gu, dn256, True), (gu_tma, dn256, True), (gu4, dn4f, True))]
 
 
 def direct_candidates(tokens: int) -> list[ExpertsConfig]:
