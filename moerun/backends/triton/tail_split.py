@@ -16,8 +16,8 @@ Units run in tile order with the part fastest, so part ``j`` of neighbouring til
 ``GROUP_M`` blocks that share a weight tile) runs at the same time over the same K steps and
 reads that weight slice from L2, as whole tiles do. (A stream-K tail, which spreads all
 ``rem * k_tiles`` steps evenly over every program, ranges straddling tiles, was measured
-slower: its programs leave that lockstep and read the weights from DRAM; docs/DECISIONS.md,
-"The persistent kernels' tail".)
+slower; the reading, not profiled, is that its programs leave that lockstep. See
+docs/DECISIONS.md, "The persistent kernels' tail split".)
 
 Every unit stores its fp32 partial ``[BM, W]`` in its scratch slot, then takes a ticket on
 its tile's arrival counter; the unit that arrives last sums the tile's ``parts`` partials
