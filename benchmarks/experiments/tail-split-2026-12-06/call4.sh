@@ -24,17 +24,8 @@ timeout 110 python3 -m moerun.cli tune --shapes mixtral8x7b --T 1024 --budget-s 
 echo "tune rc=$? at ${SECONDS}s" >> $OUT/summary.txt
 grep -h "^==" $OUT/tune.txt | cut -c1-220 | tee -a $OUT/summary.txt
 tar -cf $OUT/cfg.tar -C /tmp/cfg .
-bench() {  # $1: run name, $2: config dir ('' = shipped)
-  date -u +"$1 start %H:%M:%S" >> $OUT/summary.txt
-  MOERUN_TRITON_CONFIG_DIR=$2 timeout $3 python3 -m moerun.cli bench --backends triton \
-    --dtype bfloat16 --repeats 20 --warmup 3 --graph-max-tokens 1024 --calls-per-graph 10 \
-    --check-tokens 64 --seed 0 --peers none --no-progress --out /tmp/runs/$1.json \
-    > /tmp/runs/$1.txt 2>&1
-  echo "$1 rc=$? at ${SECONDS}s: $(grep '^summary' /tmp/runs/$1.txt | cut -c1-150 | tr '\n' ' ')" \
-    | tee -a $OUT/summary.txt
-  tar -cf $OUT/runs.tar -C /tmp/runs .
-}
-bench copy-1 /tmp/cfg 150
-[ $SECONDS -lt 440 ] && bench shipped-1 "" $((590 - SECONDS))
+source benchmarks/experiments/tail-split-2026-12-06/bench_lib.sh  # bench NAME DIR [FLAGS]
+bench copy-1 /tmp/cfg
+[ $SECONDS -lt 440 ] && BENCH_TIMEOUT=$((590 - SECONDS)) bench shipped-1 ""
 date -u +"end %H:%M:%S" >> $OUT/summary.txt
 cat $OUT/summary.txt

@@ -18,19 +18,7 @@ p = '/tmp/new/S8_N14336_K4096_bfloat16_NVIDIA_H200.json'
 d = json.load(open(p)); d['entries']['1024']['config']['tail_split'] = True
 json.dump(d, open(p, 'w'), indent=1)
 PY
-bench() {  # $1: run name, $2: config dir (none: the tree's), then extra flags
-  local name=$1 dir=$2; shift 2
-  date -u +"$name start %H:%M:%S" >> $OUT/summary.txt
-  if [ -n "$dir" ]; then export MOERUN_TRITON_CONFIG_DIR=$dir; else unset MOERUN_TRITON_CONFIG_DIR; fi
-  timeout 150 python3 -m moerun.cli bench --backends triton --dtype bfloat16 --repeats 20 \
-    --warmup 3 --graph-max-tokens 1024 --calls-per-graph 10 --check-tokens 64 --seed 0 \
-    --peers none --no-progress --out /tmp/runs/$name.json "$@" > /tmp/runs/$name.txt 2>&1
-  echo "$name rc=$? at ${SECONDS}s" | tee -a $OUT/summary.txt
-  grep "^mixtral8x7b  1024" /tmp/runs/$name.txt | tee -a $OUT/summary.txt
-  grep "^summary" /tmp/runs/$name.txt | cut -c1-150 | tee -a $OUT/summary.txt
-  unset MOERUN_TRITON_CONFIG_DIR
-  tar -cf $OUT/runs.tar -C /tmp/runs .
-}
+source benchmarks/experiments/tail-split-2026-12-06/bench_lib.sh  # bench NAME DIR [FLAGS]
 for r in new-1 old-1 new-2 old-2; do
   d=""; [[ $r == new* ]] && d=/tmp/new
   bench $r "$d" --shapes mixtral8x7b
