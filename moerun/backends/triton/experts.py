@@ -352,7 +352,7 @@ class TritonExperts(Backend):
         aligned order for the persistent kernels' TMA loads (``a_tma`` configs) and their
         tail split's partials (``tail_split`` configs); an upper
         bound over every config a T bucket may pick. Pure; host only."""
-        from moerun.backends.triton.tune_plan import DIRECT_MAX_TOKENS
+        from moerun.backends.triton.tune_plan import DIRECT_MAX_TOKENS, PERSISTENT_MIN_TPE
 
         elt = torch.empty((), dtype=problem.dtype).element_size()
         k, h, i, s = (problem.top_k, problem.hidden_size, problem.intermediate_size,
@@ -364,7 +364,7 @@ class TritonExperts(Backend):
         if rows <= DIRECT_MAX_TOKENS:  # direct, per pair: fp32 partials + 16-column counters
             per_pair = max(per_pair, pairs * h * 4 + rows * -(-h // 16) * 4)
         gathered = aligned * h * elt  # persistent a_tma: x rows copied into aligned order
-        # persistent tail split: one fp32 128 x 256 partial per program (bound: 256 programs);
-        # persistent configs only where the tuner offers them (> 160 rows per hit expert)
-        tail = 256 * 128 * 256 * 4 if pairs > 160 * min(s, pairs) else 0
+        # persistent tail split: one fp32 128 x 256 partial per program (bound: 256 programs),
+        # where the tuner offers persistent configs
+        tail = 256 * 128 * 256 * 4 if pairs > PERSISTENT_MIN_TPE * min(s, pairs) else 0
         return aligned * (i * elt + 4) + per_pair + rows * h * elt + gathered + tail

@@ -30,6 +30,7 @@ from moerun.bench.shapes import BenchShape
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
            "TunePoint", "TunedEntry", "candidates", "persistent_candidates", "direct_candidates",
            "fp8_candidates", "fp8_direct_candidates", "fp8_ws_candidates", "DIRECT_MAX_TOKENS",
+           "PERSISTENT_MIN_TPE",
            "FP8_WS_MIN_TPE",
            "check_fp8_shape",
            "plan_points", "point_mode", "read_config_data", "merge_entries", "compile_configs"]
@@ -41,6 +42,10 @@ MAX_CONFIGS = 24
 #: pair streams its expert's weights on its own, so past a few tokens the grouped kernels'
 #: one block per hit expert reads less.
 DIRECT_MAX_TOKENS = 4  # also the bound of TritonExperts.workspace_bytes
+#: Rows per hit expert above which a point is prefill: its grouped space leads with 128-row
+#: tiles and it times the persistent kernels too (also the bound of
+#: TritonExperts.workspace_bytes for the persistent kernels' scratch).
+PERSISTENT_MIN_TPE = 160
 #: The same bound for the fp8 kernels: the space of the 2026-12-01 fp8 sweep (at most 30
 #: candidates per point) with the paired gate/up tiles added (at most 40), plus the
 #: incumbent, so nothing of it is pruned; 4 more for the ``group_m=16`` variants.
@@ -142,7 +147,7 @@ def candidates(num_slots: int, top_k: int, hidden: int, inter: int, tokens: int,
         bms = [16, 32]
     elif tpe <= 48:
         bms = [32, 64]
-    elif tpe <= 160:
+    elif tpe <= PERSISTENT_MIN_TPE:
         bms = [64, 128]
     else:
         bms = [128, 64]
@@ -200,8 +205,9 @@ def candidates(num_slots: int, top_k: int, hidden: int, inter: int, tokens: int,
 def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
                           ) -> list[ExpertsConfig]:
     """The persistent TMA configs (``kernel="persistent"``, ``persistent.py``) a point times
-    as whole calls: prefill points only (more than 160 rows per hit expert, where the
-    grouped space is 128-row tiles too), 2-byte dtypes only (none for fp32). The space of
+    as whole calls: prefill points only (more than ``PERSISTENT_MIN_TPE`` = 160 rows per hit
+    expert, where the grouped space is 128-row tiles too), 2-byte dtypes only (none for
+    fp32). The space of
     ``benchmarks/persistent_probe.py`` that won on the H200 (2026-12-01; every shipped
     persistent entry is its first or second config) plus its stage and down-tile variants,
     and the 3- and 4-stage pairs with the down tile loop flattened (``flatten``: Triton
@@ -213,7 +219,7 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
     Pure; host only."""
     pairs = tokens * top_k
     hit = min(num_slots, max(1, pairs))
-    if elt != 2 or pairs / hit <= 160:
+    if elt != 2 or pairs / hit <= PERSISTENT_MIN_TPE:
         return []
     G, D = GateUpConfig, DownConfig
     gu = G(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
