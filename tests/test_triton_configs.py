@@ -406,7 +406,8 @@ def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
     got = [(p[1], p[2], p[4], p[6], p[7]) for p in points]
     # mixtral T=1/16: 2 and 4 rows per hit expert -> block_m 16: 6 gate/up (32/64/128 columns
     # x 3/4 stages) + 6 down (64/128 columns x split 1/2/4, all dividing I/128 = 112) + the
-    # incumbent = 13; T=1 also times the 15 fp8 direct configs (fp8_direct_candidates) = 28.
+    # incumbent = 13; T=1 also times the 21 fp8 direct configs (fp8_direct_candidates: 15 and
+    # 6 swap_ab copies) = 34.
     # T=128 (32 rows/expert): 32 (12) + 64 with the fp8 intermediate (2 gate/up
     # n128 w8 x 2 stages and 6 paired: n128 w4/w8 and n256 w8 x 3/4 stages; 6 down) + 64 in
     # bf16 (4 gate/up n64 w4/w8 x 2 stages, 6 down) + 1 = 37. T >= 1024 (every one at >= 256
@@ -416,7 +417,7 @@ def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
     # tiles do not fit 128 rows) + 1 = 39, plus the 10 ws configs at >= 64 rows per hit
     # expert (fp8_ws_candidates) = 49
     assert got == [
-        ("mixtral8x7b", "T=1", "mode=graph", "configs=28", "block_m=16"),
+        ("mixtral8x7b", "T=1", "mode=graph", "configs=34", "block_m=16"),
         ("mixtral8x7b", "T=16", "mode=graph", "configs=13", "block_m=16"),
         ("mixtral8x7b", "T=128", "mode=graph", "configs=37", "block_m=32,64f8,64"),
         ("mixtral8x7b", "T=1024", "mode=graph", "configs=49", "block_m=64f8,64,128f8"),
@@ -432,11 +433,11 @@ def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
     assert files == [str(tmp_path / MIXTRAL_FP8)] * 5 + [str(tmp_path / EP8_FP8)] * 4
     assert f'incumbent="tuned ({EP8_FP8})"' in out.splitlines()[5]
     assert all('incumbent="heuristic"' in ln for ln in out.splitlines()[:5])
-    assert out.splitlines()[-1] == f"plan: 9 points, {28 + 13 + 2 * 37 + 5 * 49} configs to time"
+    assert out.splitlines()[-1] == f"plan: 9 points, {34 + 13 + 2 * 37 + 5 * 49} configs to time"
     # the points carry the fp8 heuristic as the incumbent where no file has the bucket
     pts = plan_points([SHAPES["mixtral8x7b"]], [1], FP8, H200, tmp_path)
     assert pts[0].incumbent == fp8_default_config(8, 14336, 4096, 1, 2)
-    assert len(compile_configs(pts[0])) == pts[0].num_configs == 28  # 13 + 15 direct
+    assert len(compile_configs(pts[0])) == pts[0].num_configs == 34  # 13 + 21 direct
 
 
 def test_fp8_plan_refuses_shapes_the_fp8_blocks_cannot_cover(capsys):

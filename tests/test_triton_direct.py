@@ -40,9 +40,10 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
 
     gu_cfg = GateUpConfig(block_n=16, block_k=32)
     dn_cfg = DownConfig(block_n=16, block_k=32)
-    tables = {combine: ConfigTable(overrides={b: ExpertsConfig(
-        block_m=16, gate_up=gu_cfg, down=dn_cfg, combine=combine, kernel="direct")
-        for b in range(1, 64)}) for combine in ("reduce", "atomic")}
+    tables = {f"{combine}{'/swap' if swap else ''}": ConfigTable(overrides={b: ExpertsConfig(
+        block_m=16, gate_up=gu_cfg, down=dn_cfg, combine=combine, kernel="direct",
+        swap_ab=swap) for b in range(1, 64)})
+        for combine in ("reduce", "atomic") for swap in (False, True)}
     table = tables["atomic"]
     cases = [  # (name, M, K, S, H, I, ids or None)
         ("M=1", 1, 4, 8, 64, 48, None),
@@ -64,26 +65,28 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
             ids = ids.to(torch.int32).contiguous()
             tw = torch.rand(m, k, generator=g)
             live = ((ids >= 0) & (ids < s)).reshape(-1)
-            act = torch.full((m * k, i), float("nan"), dtype=dt)
-            gate_up_direct(x, w13, ids, tw, gu_cfg, out=act)
             act_t = gate_up_direct_torch(x, w13, ids, tw)
-            emit(kind="gate_up", name=f"{name}/{dt_name}", dtype=dt_name,
-                 err=rel(act[live], act_t[live]),
-                 unwritten=bool(act[~live].isnan().all()))
-            y_t = down_direct_torch(torch.where(live[:, None], act, 0), w2, ids)
-            y = torch.full((m, h), float("nan"), dtype=dt)
-            down_direct(act, w2, ids, dn_cfg, out=y)
-            emit(kind="down", name=f"{name}/{dt_name}/per-token", dtype=dt_name,
-                 err=rel(y, y_t))
-            # the per-pair form: counters zeroed by the gate/up launch (poisoned first)
-            cnt = torch.full((m * -(-h // dn_cfg.block_n),), 7, dtype=torch.int32)
-            act2 = torch.full((m * k, i), float("nan"), dtype=dt)
-            gate_up_direct(x, w13, ids, tw, gu_cfg, out=act2, zero=cnt)
-            zeroed = bool((cnt == 0).all())
-            y = torch.full((m, h), float("nan"), dtype=dt)
-            down_direct(act2, w2, ids, dn_cfg, out=y, counters=cnt)
-            emit(kind="down", name=f"{name}/{dt_name}/per-pair", dtype=dt_name,
-                 err=rel(y, y_t), zeroed=zeroed, arrivals=cnt.tolist(), top_k=k)
+            for swap in (False, True):  # x W^T, and W x^T (ExpertsConfig.swap_ab)
+                sw = "/swap" if swap else ""
+                act = torch.full((m * k, i), float("nan"), dtype=dt)
+                gate_up_direct(x, w13, ids, tw, gu_cfg, out=act, swap_ab=swap)
+                emit(kind="gate_up", name=f"{name}/{dt_name}{sw}", dtype=dt_name,
+                     err=rel(act[live], act_t[live]),
+                     unwritten=bool(act[~live].isnan().all()))
+                y_t = down_direct_torch(torch.where(live[:, None], act, 0), w2, ids)
+                y = torch.full((m, h), float("nan"), dtype=dt)
+                down_direct(act, w2, ids, dn_cfg, out=y, swap_ab=swap)
+                emit(kind="down", name=f"{name}/{dt_name}/per-token{sw}", dtype=dt_name,
+                     err=rel(y, y_t))
+                # the per-pair form: counters zeroed by the gate/up launch (poisoned first)
+                cnt = torch.full((m * -(-h // dn_cfg.block_n),), 7, dtype=torch.int32)
+                act2 = torch.full((m * k, i), float("nan"), dtype=dt)
+                gate_up_direct(x, w13, ids, tw, gu_cfg, out=act2, zero=cnt, swap_ab=swap)
+                zeroed = bool((cnt == 0).all())
+                y = torch.full((m, h), float("nan"), dtype=dt)
+                down_direct(act2, w2, ids, dn_cfg, out=y, counters=cnt, swap_ab=swap)
+                emit(kind="down", name=f"{name}/{dt_name}/per-pair{sw}", dtype=dt_name,
+                     err=rel(y, y_t), zeroed=zeroed, arrivals=cnt.tolist(), top_k=k)
             ref = reference_moe(x.double(), w13.double(), w2.double(), tw.double(), ids)
             for combine, tab in tables.items():
                 out = TritonExperts(tab).run_experts(x, w13, w2, tw, ids)
@@ -122,19 +125,20 @@ def report():
 @pytest.mark.parametrize("kind", ["gate_up", "down"])
 def test_direct_kernels_match_twins(report, kind):
     rows = rows_of(report, kind)
-    assert len(rows) == (8 if kind == "gate_up" else 16)
+    assert len(rows) == (16 if kind == "gate_up" else 32)  # both forms, swap_ab off and on
+    assert sum(r["name"].endswith("/swap") for r in rows) == len(rows) // 2
     for r in rows:
         assert r["err"] <= TOL_TWIN[r["dtype"]], r  # NaN fails: a live row left unwritten
         if kind == "gate_up":
             assert r["unwritten"], r  # excluded pairs' rows stay as the caller left them
-        if r["name"].endswith("per-pair"):  # the gate/up launch zeroed the counters, and
+        if "per-pair" in r["name"]:  # the gate/up launch zeroed the counters, and
             assert r["zeroed"], r  # every (token, N tile) got exactly K arrivals
             assert set(r["arrivals"]) == {r["top_k"]}, r
 
 
 def test_direct_backend_matches_reference(report):
     rows = rows_of(report, "backend")
-    assert len(rows) == 16
+    assert len(rows) == 32  # 4 cases x 2 dtypes x 2 combines x swap_ab off and on
     for r in rows:
         assert r["err"] <= TOL_BACKEND[r["dtype"]], r
         assert r["out_dtype"] == f"torch.{r['dtype']}", r
@@ -163,7 +167,14 @@ def test_direct_config_validation_and_round_trip():
     gu, dn = GateUpConfig(block_n=32, block_k=128), DownConfig(block_n=16, block_k=256)
     cfg = ExpertsConfig(block_m=16, gate_up=gu, down=dn, combine="atomic", kernel="direct")
     assert ExpertsConfig.from_json(cfg.to_json()) == cfg
-    assert cfg.key().endswith("|direct")
+    assert cfg.key().endswith("|direct") and "swap_ab" not in cfg.to_json()
+    swapped = ExpertsConfig(block_m=16, gate_up=gu, down=dn, combine="atomic", kernel="direct",
+                            swap_ab=True)
+    assert swapped.to_json()["swap_ab"] is True
+    assert ExpertsConfig.from_json(swapped.to_json()) == swapped
+    assert swapped.key().endswith("|direct swap")
+    with pytest.raises(ValueError, match="swap_ab=True.*True only with kernel='direct'"):
+        ExpertsConfig(block_m=16, gate_up=gu, down=dn, swap_ab=True)
     for bad in (dict(block_m=32), dict(down=DownConfig(block_n=16, block_k=256, split_k=2))):
         kw = dict(block_m=16, gate_up=gu, down=dn, combine="atomic", kernel="direct") | bad
         with pytest.raises(ValueError, match="kernel='direct' needs block_m=16"):
@@ -173,6 +184,8 @@ def test_direct_config_validation_and_round_trip():
 
 
 def test_tune_plan_times_direct_configs_at_decode_points(tmp_path):
+    from dataclasses import replace
+
     from moerun.backends.triton.tune_plan import (DIRECT_MAX_TOKENS, FP8, compile_configs,
                                                   plan_points)
     from moerun.bench.shapes import SHAPES
@@ -181,19 +194,24 @@ def test_tune_plan_times_direct_configs_at_decode_points(tmp_path):
     pts = plan_points([shape], [1, 4, 16], torch.bfloat16, "NVIDIA_H200", tmp_path)
     by_t = {p.tokens: p for p in pts}
     for t in (1, 4):
-        assert t <= DIRECT_MAX_TOKENS and len(by_t[t].direct) == 42
+        assert t <= DIRECT_MAX_TOKENS and len(by_t[t].direct) == 50  # 42 and 8 swap_ab
         assert all(c.kernel == "direct" and c.block_m == 16 for c in by_t[t].direct)
-        assert sum(c.combine == "atomic" for c in by_t[t].direct) == 18  # the per-pair form
+        assert sum(c.combine == "atomic" for c in by_t[t].direct) == 24  # the per-pair form
+        swap = [c for c in by_t[t].direct if c.swap_ab]  # both tiles >= 64 weight rows
+        assert len(swap) == 8 and all(min(c.gate_up.block_n, c.down.block_n) >= 64
+                                      for c in swap)
+        assert {replace(c, swap_ab=False) for c in swap} <= set(by_t[t].direct)
         assert set(by_t[t].direct) <= set(compile_configs(by_t[t]))
         assert by_t[t].num_configs == (sum(c.size for c in by_t[t].candidate_sets)
-                                       + len(by_t[t].persistent) + 42 + 1)
+                                       + len(by_t[t].persistent) + 50 + 1)
     assert by_t[16].direct == ()
     fp8 = {p.tokens: p for p in plan_points([shape], [1, 16], FP8, "NVIDIA_H200", tmp_path)}
-    assert len(fp8[1].direct) == 15 and fp8[16].direct == ()  # fp8_direct.py's configs
+    assert len(fp8[1].direct) == 21 and fp8[16].direct == ()  # fp8_direct.py's configs
+    assert sum(c.swap_ab for c in fp8[1].direct) == 6  # n64/n128 gate/up x 3 downs >= 64
     assert all(c.kernel == "direct" and c.down.block_k == c.gate_up.block_k == 128
                and 128 % c.down.block_n == 0 and 128 % c.gate_up.block_n == 0
                for c in fp8[1].direct)
-    assert sum(c.combine == "atomic" for c in fp8[1].direct) == 6
+    assert sum(c.combine == "atomic" for c in fp8[1].direct) == 10
     assert set(fp8[1].direct) <= set(compile_configs(fp8[1]))
 
 

@@ -128,6 +128,15 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
         ("direct-per-pair", 4, 2, 3, 128, 384, ExpertsConfig(
             block_m=16, gate_up=GateUpConfig(block_n=128, block_k=128),
             down=DownConfig(block_n=64, block_k=128), combine="atomic", kernel="direct")),
+        # ExpertsConfig.swap_ab: both launches as W x^T (the weight rows on the MMA's M side)
+        ("direct-swap-per-token", 5, 3, 4, 256, 256, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
+            down=DownConfig(block_n=64, block_k=128), combine="reduce", kernel="direct",
+            swap_ab=True)),
+        ("direct-swap-per-pair", 4, 2, 3, 128, 384, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=128, block_k=128),
+            down=DownConfig(block_n=64, block_k=128), combine="atomic", kernel="direct",
+            swap_ab=True)),
     ]
     for name, m, k, s, h, i, cfg in cases:
         x, w13, s13, w2, s2, weights, ids = _problem(m, k, s, h, i, seed=m * 7 + k)
@@ -236,8 +245,9 @@ def test_gather_kernel_puts_token_rows_in_aligned_order(report):
 
 def test_fp8_experts_match_reference(report):
     rows = _rows(report, "experts")
-    assert len(rows) == 44
-    assert sum(r["name"].startswith("direct") for r in rows) == 8
+    assert len(rows) == 52
+    assert sum(r["name"].startswith("direct") for r in rows) == 16
+    assert sum(r["name"].startswith("direct-swap") for r in rows) == 8
     for r in rows:
         # the same math as the reference up to summation order (fp16: and the rounding of
         # the fp32 sums to fp16)
@@ -320,9 +330,11 @@ def test_fp8_kernels_on_cuda(bm, gu_n, combine, split, paired):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("combine, gu_n, dn_n", [("reduce", 64, 32), ("atomic", 128, 64),
-                                                 ("atomic", 32, 128), ("reduce", 128, 16)])
-def test_fp8_direct_on_cuda(combine, gu_n, dn_n):
+@pytest.mark.parametrize("combine, gu_n, dn_n, swap", [
+    ("reduce", 64, 32, False), ("atomic", 128, 64, False), ("atomic", 32, 128, False),
+    ("reduce", 128, 16, False), ("atomic", 64, 64, True), ("reduce", 128, 64, True),
+    ("atomic", 128, 128, True)])
+def test_fp8_direct_on_cuda(combine, gu_n, dn_n, swap):
     """The fp8 direct decode path (``fp8_direct.py``) at T = 1..4 on CUDA against DESIGN
     11a's reference (same math: 1e-2 in bf16) and the unquantized fp32 MoE (6e-2), both
     activation forms; then captured in a CUDA graph and replayed with new routings copied
@@ -333,7 +345,7 @@ def test_fp8_direct_on_cuda(combine, gu_n, dn_n):
 
     cfg = ExpertsConfig(block_m=16, gate_up=GateUpConfig(block_n=gu_n, block_k=128),
                         down=DownConfig(block_n=dn_n, block_k=128), combine=combine,
-                        kernel="direct")
+                        kernel="direct", swap_ab=swap)
     for m in (1, 3, 4):
         x, w13, s13, w2, s2, weights, ids = _problem(m, 8, 64, 1024, 512, seed=31 + m,
                                                      device="cuda")

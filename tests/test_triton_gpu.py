@@ -202,19 +202,20 @@ def test_cuda_graph_capture_and_replay():
 @pytest.mark.parametrize("name", ["mixtral8x7b", "qwen3-30b-a3b", "deepseek-v3"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("combine", ["reduce", "atomic"])
-def test_direct_decode_path(name, dtype, combine):
-    """``kernel="direct"`` (no alignment, 2 launches; the per-token and the per-pair down)
-    at T = 1..4 of the bench shapes, some pairs excluded, against the fp64 reference; then
-    captured in a CUDA graph and replayed with new routings copied into the captured
-    buffers (the per-pair form's counters are zeroed inside every replay)."""
+@pytest.mark.parametrize("swap", [False, True])
+def test_direct_decode_path(name, dtype, combine, swap):
+    """``kernel="direct"`` (no alignment, 2 launches; the per-token and the per-pair down;
+    ``swap_ab`` off and on) at T = 1..4 of the bench shapes, some pairs excluded, against the
+    fp64 reference; then captured in a CUDA graph and replayed with new routings copied into
+    the captured buffers (the per-pair form's counters are zeroed inside every replay)."""
     from moerun.backends.triton import TritonExperts
     from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
                                                 GateUpConfig)
     from moerun.bench.shapes import SHAPES
 
     cfg = ExpertsConfig(block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
-                        down=DownConfig(block_n=32, block_k=128), combine=combine,
-                        kernel="direct")
+                        down=DownConfig(block_n=64 if swap else 32, block_k=128),
+                        combine=combine, kernel="direct", swap_ab=swap)
     be = TritonExperts(ConfigTable(overrides={b: cfg for b in (1, 2, 4)}))
     for T in (1, 3, 4):
         _check(name, dtype, T, backend=be, drop=0.25 if T > 1 else 0.0, seed=T)

@@ -117,6 +117,10 @@ class ExpertsConfig:
             every tile of a launch the same length, so the programs that share a weight tile
             stay in step and read it from L2 (docs/DECISIONS.md, "The ws consumers compute
             padding halves"); skipping pays where an expert's rows fit one block.
+        swap_ab: only with ``kernel="direct"``: both launches compute ``W x^T`` (a tile's
+            weight rows on the MMA's M side, the 16-row token tile on N), so on sm90 a tile
+            of 64 or 128 weight rows runs wgmmas -- for fp8 the e4m3 ones, where the
+            ``x W^T`` form's 16-row tile converts every weight to fp16 for ``mma.sync``.
     """
 
     block_m: int
@@ -127,6 +131,7 @@ class ExpertsConfig:
     programs: int = 0
     skip_padding: bool = False
     tail_split: bool = False
+    swap_ab: bool = False
 
     def __post_init__(self):
         if self.block_m not in (16, 32, 64, 128, 256):
@@ -171,6 +176,9 @@ class ExpertsConfig:
                                                     and self.kernel != "persistent"):
             raise ValueError(f"ExpertsConfig.tail_split={self.tail_split!r}: a bool, True only "
                              "with kernel='persistent'")
+        if self.swap_ab not in (False, True) or (self.swap_ab and self.kernel != "direct"):
+            raise ValueError(f"ExpertsConfig.swap_ab={self.swap_ab!r}: a bool, True only "
+                             "with kernel='direct'")
         if self.programs < 0 or (self.programs and self.kernel != "persistent"):
             raise ValueError(f"ExpertsConfig.programs={self.programs!r}: >= 0, and only with "
                              "kernel='persistent'")
@@ -184,7 +192,7 @@ class ExpertsConfig:
             for f in _OPTIONAL_FIELDS:
                 if f in d[part] and d[part][f] == _field_default(cls, f):
                     del d[part][f]
-        for f in ("kernel", "programs", "skip_padding", "tail_split"):
+        for f in ("kernel", "programs", "skip_padding", "tail_split", "swap_ab"):
             if d[f] == _field_default(ExpertsConfig, f):
                 del d[f]
         return d
@@ -198,7 +206,8 @@ class ExpertsConfig:
                    down=DownConfig(**d["down"]), combine=d.get("combine", "reduce"),
                    kernel=d.get("kernel", "grouped"), programs=int(d.get("programs", 0)),
                    skip_padding=bool(d.get("skip_padding", False)),
-                   tail_split=bool(d.get("tail_split", False)))
+                   tail_split=bool(d.get("tail_split", False)),
+                   swap_ab=bool(d.get("swap_ab", False)))
 
     def key(self) -> str:
         """A short stable name (for tables and logs). Pure."""
@@ -215,6 +224,7 @@ class ExpertsConfig:
                 key += " tail"
         elif self.kernel in ("direct", "ws"):
             key += f"|{self.kernel}{' skip' if self.skip_padding else ''}"
+            key += " swap" if self.swap_ab else ""
         return key
 
 

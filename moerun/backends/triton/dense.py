@@ -119,7 +119,7 @@ def _dense_gate_up_kernel(
         row_ok = offs_m < rows
         a_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
         acc_g, acc_u = gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M, BLOCK_N,
-                                   BLOCK_K, EVEN_K, PRECISION)
+                                   BLOCK_K, EVEN_K, PRECISION, False)
         act = acc_g * tl.sigmoid(acc_g) * acc_u
         out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty),

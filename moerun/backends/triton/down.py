@@ -123,6 +123,42 @@ _LAUNCH = FastLauncher(_down_kernel)
 
 
 @triton.jit
+def _direct_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """A direct kernel's zero fp32 accumulator: ``[BN, BM]`` with ``SWAP_AB``, else
+    ``[BM, BN]``. Device code (inlined), registers only."""
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _direct_dot(acc, a, b, PRECISION: tl.constexpr, SWAP_AB: tl.constexpr):
+    """``acc + a @ b`` (``a [BM, BK]`` rows, ``b [BK, BN]`` weights), or with ``SWAP_AB``
+    ``acc + b^T @ a^T`` into the ``[BN, BM]`` accumulator (the weight rows on the MMA's M
+    side). Device code (inlined), registers and shared memory only."""
+    if SWAP_AB:
+        acc = tl.dot(tl.trans(b), tl.trans(a), acc, input_precision=PRECISION)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _direct_scaled_dot(acc, aq, b, row_scale, SWAP_AB: tl.constexpr):
+    """The fp8 step of a direct kernel: ``acc + (aq @ b) * row_scale[:, None]`` (``aq``
+    e4m3 ``[BM, BK]``, ``b`` e4m3 ``[BK, BN]``, ``row_scale [BM]``), or its transpose into
+    the ``[BN, BM]`` accumulator with ``SWAP_AB`` (e4m3 wgmmas on sm90 for ``BN`` >= 64).
+    Device code (inlined), registers and shared memory only."""
+    if SWAP_AB:
+        acc += tl.dot(tl.trans(b), tl.trans(aq)) * row_scale[None, :]
+    else:
+        acc += tl.dot(aq, b) * row_scale[:, None]
+    return acc
+
+
+@triton.jit
 def _down_direct_kernel(
     act_ptr,  # [M*K, I], weighted rows of gate_up_direct
     w2_ptr,  # [S, H, I]
@@ -136,6 +172,7 @@ def _down_direct_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # w2 tile x rows^T: the weight rows on the MMA's M side
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -149,7 +186,7 @@ def _down_direct_kernel(
     offs_nw = (offs_n % hidden).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     steps = tl.cdiv(inter, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for it in range(0, TOP_K * steps):
         j = it // steps
         k0 = (it - j * steps) * BLOCK_K
@@ -166,16 +203,18 @@ def _down_direct_kernel(
             w_s = tl.load(ws_ptr + e.to(tl.int64) * stride_wse
                           + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn + k0 // BLOCK_K,
                           mask=ok, other=0.0) * tl.load(tw_ptr + pair, mask=ok, other=0.0)
-            acc += tl.dot(aq, b) * (a_s * w_s)[:, None]
+            acc = _direct_scaled_dot(acc, aq, b, a_s * w_s, SWAP_AB)
         elif EVEN_K:
             a = tl.load(a_ptrs, mask=row0[:, None] & ok, other=0.0)
             b = tl.load(b_ptrs, mask=ok, other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = _direct_dot(acc, a, b, PRECISION, SWAP_AB)
         else:
             k_ok = offs_k < inter - k0
             a = tl.load(a_ptrs, mask=row0[:, None] & k_ok[None, :] & ok, other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None] & ok, other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = _direct_dot(acc, a, b, PRECISION, SWAP_AB)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     dst = out_ptr + tok * stride_om + offs_n[None, :] + rows[:, None] * 0
     tl.store(dst, acc.to(out_ptr.dtype.element_ty),
              mask=row0[:, None] & (offs_n < hidden)[None, :])
@@ -200,6 +239,7 @@ def _down_direct_pairs_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # w2 tile x rows^T: the weight rows on the MMA's M side
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -217,7 +257,7 @@ def _down_direct_pairs_kernel(
     a_ptrs = act_ptr + pair * stride_am + offs_k[None, :] + rows[:, None] * 0
     b_ptrs = w2_ptr + tl.where(ok, e, 0).to(tl.int64) * stride_we \
         + offs_nw[None, :] * stride_wn + offs_k[:, None]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     steps = tl.where(ok, tl.cdiv(inter, BLOCK_K), 0)  # excluded pairs load nothing
     ws0 = ws_ptr + tl.where(ok, e, 0).to(tl.int64) * stride_wse \
         + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn
@@ -227,18 +267,20 @@ def _down_direct_pairs_kernel(
             af = tl.load(a_ptrs, mask=row0[:, None], other=0.0).to(tl.float32)
             aq, a_s = quantize_tile(af, EPS, QMAX)
             b = tl.load(b_ptrs)
-            acc += tl.dot(aq, b) * (a_s * (tl.load(ws0 + k) * wp))[:, None]
+            acc = _direct_scaled_dot(acc, aq, b, a_s * (tl.load(ws0 + k) * wp), SWAP_AB)
         elif EVEN_K:
             a = tl.load(a_ptrs, mask=row0[:, None], other=0.0)
             b = tl.load(b_ptrs)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = _direct_dot(acc, a, b, PRECISION, SWAP_AB)
         else:
             k_ok = offs_k < inter - k * BLOCK_K
             a = tl.load(a_ptrs, mask=row0[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = _direct_dot(acc, a, b, PRECISION, SWAP_AB)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    if SWAP_AB:
+        acc = tl.trans(acc)
     tl.store(part_ptr + pair * stride_pm + offs_n, tl.sum(acc, axis=0), mask=n_ok)
     # every thread's partial stored before the ticket (release); the K-th arrival reads all
     tl.debug_barrier()
@@ -334,7 +376,7 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
                 out: torch.Tensor | None = None, *,
                 counters: torch.Tensor | None = None,
                 w2_scale: torch.Tensor | None = None,
-                topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+                topk_weights: torch.Tensor | None = None, swap_ab: bool = False) -> torch.Tensor:
     """``out[t] = sum_j act[t*K + j] @ w2[topk_ids[t, j]]^T`` over token ``t``'s local pairs
     (the ``kernel="direct"`` decode path; ``act`` from ``gate_up_direct``, weights applied).
 
@@ -354,6 +396,9 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
             ``cfg.block_k == 128`` and ``cfg.block_n`` dividing 128. ``act`` is then the
             *unweighted* intermediate (as in the grouped fp8 path) and ``topk_weights``
             (``[M, K]`` fp32 contiguous) enter each step's scale.
+        swap_ab: compute ``W x^T`` (``ExpertsConfig.swap_ab``): the tile's weight rows on
+            the MMA's M side, so on sm90 a ``block_n`` of 64 or 128 runs wgmmas (e4m3 ones
+            for the fp8 path).
 
     Returns: ``out [M, H]`` act.dtype (zeros for a token with no local pair). One launch;
     current stream; no host sync; capture-safe.
@@ -393,7 +438,7 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, cfg
     # the fp8 dot's precision argument is unused; PRECISION only names the float dots'
     prec = "ieee" if fp8 else dot_precision(act.dtype)
     meta = (k, max(2, next_pow2(k)), DIRECT_BLOCK_M, cfg.block_n, cfg.block_k,
-            inter % cfg.block_k == 0, prec, fp8, AMAX_EPS, FP8_MAX)
+            inter % cfg.block_k == 0, prec, fp8, AMAX_EPS, FP8_MAX, swap_ab)
     if counters is not None:
         part = torch.empty(pairs, h, dtype=torch.float32, device=act.device)
         _LAUNCH_DIRECT_PAIRS(

@@ -327,8 +327,10 @@ class TritonExperts(Backend):
             if cfg.combine == "atomic":  # the per-pair down: arrival counters
                 cnt = torch.empty(m * cdiv(h, cfg.down.block_n), dtype=torch.int32,
                                   device=x.device)
-            act = gate_up_direct(x, w13, ids, weights, cfg.gate_up, zero=cnt)  # launch 1
-            return down_direct(act, w2, ids, cfg.down, counters=cnt)  # launch 2
+            act = gate_up_direct(x, w13, ids, weights, cfg.gate_up, zero=cnt,
+                                 swap_ab=cfg.swap_ab)  # launch 1
+            return down_direct(act, w2, ids, cfg.down, counters=cnt,
+                               swap_ab=cfg.swap_ab)  # launch 2
         if cfg.kernel == "persistent":
             from moerun.backends.triton.persistent import run_persistent
 

@@ -53,6 +53,7 @@ def _gate_up_fp8_direct_kernel(
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_am,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
     A_FP8: tl.constexpr, EPS: tl.constexpr, QMAX: tl.constexpr, ZBLOCK: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # weights x rows^T: the weight rows on the MMA's M side
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -78,17 +79,28 @@ def _gate_up_fp8_direct_kernel(
     # the tile's columns lie in one weight block: one scalar scale per K step
     gs0 = ws_ptr + expert * stride_wse + ((pid_n * BLOCK_N) // G) * stride_wsn
     us0 = gs0 + (inter // G) * stride_wsn
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:  # [BN, BM]: an e4m3 wgmma (M = BN weight rows) instead of converted mma.sync
+        acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, hidden // G):
         a, a_s = load_act_tile(a_ptrs, as_ptrs, k, row_ok, A_FP8, EPS, QMAX)
         g = tl.load(g_ptrs)
         u = tl.load(u_ptrs)
-        acc_g += tl.dot(a, g) * (a_s * tl.load(gs0 + k))[:, None]
-        acc_u += tl.dot(a, u) * (a_s * tl.load(us0 + k))[:, None]
+        if SWAP_AB:
+            acc_g += tl.dot(tl.trans(g), tl.trans(a)) * (a_s * tl.load(gs0 + k))[None, :]
+            acc_u += tl.dot(tl.trans(u), tl.trans(a)) * (a_s * tl.load(us0 + k))[None, :]
+        else:
+            acc_g += tl.dot(a, g) * (a_s * tl.load(gs0 + k))[:, None]
+            acc_u += tl.dot(a, u) * (a_s * tl.load(us0 + k))[:, None]
         a_ptrs += G
         g_ptrs += G
         u_ptrs += G
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     out_ptrs = act_ptr + (pair + rows * 0)[:, None].to(tl.int64) * stride_am + offs_n[None, :]
     tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -102,7 +114,7 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def gate_up_fp8_direct(x: torch.Tensor | QuantizedRows, w13: torch.Tensor,
                        w13_scale: torch.Tensor, topk_ids: torch.Tensor, cfg: GateUpConfig,
                        out_dtype: torch.dtype, *,
-                       zero: torch.Tensor | None = None) -> torch.Tensor:
+                       zero: torch.Tensor | None = None, swap_ab: bool = False) -> torch.Tensor:
     """``act[p] = silu(x[t] W_g[e]^T) * (x[t] W_u[e]^T)`` for every pair ``p = t*K + j``,
     ``e = topk_ids[t, j]``, with fp8 block-scaled dots; no alignment.
 
@@ -115,6 +127,8 @@ def gate_up_fp8_direct(x: torch.Tensor | QuantizedRows, w13: torch.Tensor,
         out_dtype: the activation dtype of ``act``.
         zero: optional contiguous int32 buffer the launch also zeroes (the per-pair down's
             arrival counters).
+        swap_ab: compute ``W x^T`` (``ExpertsConfig.swap_ab``): the tile's weight rows are
+            the MMA's M side, so on sm90 a ``block_n`` of 64 or 128 runs e4m3 wgmmas.
 
     Returns: ``act [M*K, I]`` in ``out_dtype`` (unweighted; rows of excluded pairs not
     written). One launch; current stream; no host sync; capture-safe.
@@ -150,8 +164,9 @@ def gate_up_fp8_direct(x: torch.Tensor | QuantizedRows, w13: torch.Tensor,
         inter, h, s,
         xd.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0),
         w13_scale.stride(1), out.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, G, A_FP8, EPS, QMAX, ZBLOCK
+        # TOP_K, BLOCK_M, BLOCK_N, G, A_FP8, EPS, QMAX, ZBLOCK, SWAP_AB
         topk_ids.shape[1], DIRECT_BLOCK_M, cfg.block_n, g, a_fp8, AMAX_EPS, FP8_MAX, zblock,
+        swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -172,6 +187,7 @@ def run_experts_fp8_direct(x: torch.Tensor | QuantizedRows, w13: torch.Tensor,
     cnt = None
     if cfg.combine == "atomic":  # the per-pair down: one arrival counter per (token, N tile)
         cnt = torch.empty(m * cdiv(h, cfg.down.block_n), dtype=torch.int32, device=xd.device)
-    act = gate_up_fp8_direct(x, w13, w13_scale, topk_ids, cfg.gate_up, out_dtype, zero=cnt)
+    act = gate_up_fp8_direct(x, w13, w13_scale, topk_ids, cfg.gate_up, out_dtype, zero=cnt,
+                             swap_ab=cfg.swap_ab)
     return down_direct(act, w2, topk_ids, cfg.down, counters=cnt, w2_scale=w2_scale,
-                       topk_weights=topk_weights)
+                       topk_weights=topk_weights, swap_ab=cfg.swap_ab)

@@ -74,15 +74,21 @@ def grouped_pid(pid, num_m, num_n, GROUP_M: tl.constexpr):
 @triton.jit
 def gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                PRECISION: tl.constexpr):
+                PRECISION: tl.constexpr, SWAP_AB: tl.constexpr):
     """The gate/up K loop of a row tile: ``(acc_g, acc_u)``, fp32 ``[BM, BN]``, the rows at
     ``a_ptrs`` (``[BM, BK]`` pointers; rows not ``row_ok`` read as zeros) times the gate and
     up weight tiles at ``g_ptrs`` / ``u_ptrs`` (``[BK, BN]``), over ``hidden`` in ``BK``
-    steps (``EVEN_K``: ``hidden % BK == 0``, no K mask). Device code (inlined into the
-    calling kernel): global loads only, no stores."""
+    steps (``EVEN_K``: ``hidden % BK == 0``, no K mask). ``SWAP_AB``: the products as
+    ``w^T a^T`` into ``[BN, BM]`` accumulators (the weight rows on the MMA's M side: wgmmas
+    on sm90 for ``BN`` >= 64 at a 16-row tile), transposed back at the end. Device code
+    (inlined into the calling kernel): global loads only, no stores."""
     offs_k = tl.arange(0, BLOCK_K)
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:
+        acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, tl.cdiv(hidden, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
@@ -93,11 +99,18 @@ def gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M: tl.constexpr,
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
             u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-        acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+        if SWAP_AB:
+            acc_g = tl.dot(tl.trans(g), tl.trans(a), acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(tl.trans(u), tl.trans(a), acc_u, input_precision=PRECISION)
+        else:
+            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     return acc_g, acc_u
 
 
@@ -121,6 +134,7 @@ def _gate_up_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     SHARED: tl.constexpr, DIRECT: tl.constexpr, ZBLOCK: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # gate_up_acc's: weights x rows^T
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -164,7 +178,7 @@ def _gate_up_kernel(
     u_ptrs = g_ptrs + up_rows * stride_wn
 
     acc_g, acc_u = gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M, BLOCK_N,
-                               BLOCK_K, EVEN_K, PRECISION)
+                               BLOCK_K, EVEN_K, PRECISION, SWAP_AB)
     act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up, fp32
     out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
     if DIRECT:
@@ -222,9 +236,10 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
         x, w13, sw13, out, align.sorted_ids, align.expert_ids, align.num_post, x, x, 0,
         align.num_pairs, inter, h, align.max_blocks, s, s_inter,
         x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, SHARED, DIRECT, ZBLOCK
+        # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, SHARED, DIRECT, ZBLOCK,
+        # SWAP_AB
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, h % cfg.block_k == 0,
-        dot_precision(x.dtype), mode, 0, 0,
+        dot_precision(x.dtype), mode, 0, 0, False,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -246,7 +261,7 @@ def _check_weights(x: torch.Tensor, w13: torch.Tensor, cfg: GateUpConfig) -> Non
 def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
                    topk_weights: torch.Tensor, cfg: GateUpConfig,
                    out: torch.Tensor | None = None,
-                   zero: torch.Tensor | None = None) -> torch.Tensor:
+                   zero: torch.Tensor | None = None, swap_ab: bool = False) -> torch.Tensor:
     """``act[p] = w_p * silu(x[t] @ W_gate[e]^T) * (x[t] @ W_up[e]^T)`` for every pair
     ``p = t*K + j`` with ``e = topk_ids[t, j]``, ``w_p = topk_weights[t, j]``, no alignment
     (the ``kernel="direct"`` decode path; one 16-row tile per pair, row 0 live).
@@ -259,6 +274,8 @@ def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
         zero: optional contiguous int32 buffer the launch also zeroes (the arrival counters
             of :func:`~moerun.backends.triton.down.down_direct`'s pair-parallel form), so
             they cost no launch of their own.
+        swap_ab: compute ``W x^T`` (``ExpertsConfig.swap_ab``): the tile's weight rows on
+            the MMA's M side, so on sm90 a ``block_n`` of 64 or 128 runs wgmmas.
 
     Returns: ``act [M*K, I]`` x.dtype; rows of excluded pairs are not written. One launch;
     current stream; no host sync; capture-safe.
@@ -293,7 +310,7 @@ def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
         pairs, inter, h, pairs, s, inter,
         x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
         topk_ids.shape[1], DIRECT_BLOCK_M, cfg.block_n, cfg.block_k, 1, h % cfg.block_k == 0,
-        dot_precision(x.dtype), 0, 1, zblock,
+        dot_precision(x.dtype), 0, 1, zblock, swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -6,7 +6,8 @@ the plan (points, incumbents, target files); the merge of winners into a config 
 Prefill points of 2-byte dtypes also time the persistent TMA kernels as whole calls
 (:func:`persistent_candidates`), fp8 points with ``FP8_WS_MIN_TPE`` rows per hit expert or
 more the warp-specialized Gluon kernels (:func:`fp8_ws_candidates`), and decode points of a
-few tokens the two-launch direct path (:func:`direct_candidates`). Pure host code (no
+few tokens the two-launch direct path (:func:`direct_candidates`, ``tune_direct.py``,
+re-exported here). Pure host code (no
 triton, no GPU): ``moerun tune --plan`` prints a plan on any machine, and the tests check the
 space and the file round trip on a CPU. Legend: ``S`` local slots (the bench shape's
 ``num_experts``), ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
@@ -24,12 +25,16 @@ from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, SME
                                             bucket_of, config_file_name, default_config,
                                             fp8_default_config, fp8_intermediate,
                                             fp8_tile_fits)
+from moerun.backends.triton.tune_direct import (DIRECT_MAX_TOKENS, SWAP_MIN_ROWS,
+                                                 direct_candidates, fp8_direct_candidates,
+                                                 swapped)
 from moerun.backends.triton.tune_files import TunedEntry, merge_entries, read_config_data
 from moerun.bench.shapes import BenchShape
 
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
            "TunePoint", "TunedEntry", "candidates", "persistent_candidates", "direct_candidates",
            "fp8_candidates", "fp8_direct_candidates", "fp8_ws_candidates", "DIRECT_MAX_TOKENS",
+           "SWAP_MIN_ROWS", "swapped",
            "PERSISTENT_MIN_TPE",
            "FP8_WS_MIN_TPE",
            "check_fp8_shape",
@@ -38,10 +43,6 @@ __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "Ca
 #: Configs timed per point at most (the incumbent included; the direct candidates of a
 #: decode point come on top).
 MAX_CONFIGS = 24
-#: Largest T whose point also times the direct (no-alignment) configs: every (token, j)
-#: pair streams its expert's weights on its own, so past a few tokens the grouped kernels'
-#: one block per hit expert reads less.
-DIRECT_MAX_TOKENS = 4  # also the bound of TritonExperts.workspace_bytes
 #: Rows per hit expert above which a point is prefill: its grouped space leads with 128-row
 #: tiles and it times the persistent kernels too (also the bound of
 #: TritonExperts.workspace_bytes for the persistent kernels' scratch).
@@ -237,33 +238,6 @@ def persistent_candidates(num_slots: int, top_k: int, tokens: int, elt: int = 2
                             (gu, dn256, True), (gu_tma, dn256, True), (gu4, dn4f, True))]
 
 
-def direct_candidates(tokens: int) -> list[ExpertsConfig]:
-    """The direct decode configs (``kernel="direct"``: no alignment, two launches) a point
-    of at most :data:`DIRECT_MAX_TOKENS` rows times as whole calls: gate/up tiles of 16-128
-    columns and 64-256-wide K steps (``K * I / BN`` programs) by the per-token down
-    (``combine="reduce"``: tiles of 16-64 columns, ``T * H / BN`` programs each streaming
-    its token's K experts) and the per-pair down (``"atomic"``: 64-128 columns,
-    ``T * K * H / BN`` programs), 4 warps; 42 configs (6 gate/up x 7 down)."""
-    if tokens > DIRECT_MAX_TOKENS:
-        return []
-    G, D = GateUpConfig, DownConfig
-    gate_ups = (G(block_n=32, block_k=128, num_stages=4), G(block_n=64, block_k=128, num_stages=4),
-                G(block_n=128, block_k=64, num_stages=4),
-                # 256-wide K steps: the grouped decode tile n32k256 streamed qwen3-235b's
-                # T=16 gate/up at its floor, n32k128 its T=1 at 0.88 (2026-12-02 breakdown)
-                G(block_n=32, block_k=256, num_stages=3), G(block_n=32, block_k=256, num_stages=2),
-                G(block_n=16, block_k=256, num_stages=4))
-    per_token = (D(block_n=16, block_k=256, num_stages=4),
-                 D(block_n=32, block_k=128, num_stages=4),
-                 D(block_n=32, block_k=256, num_stages=4),
-                 D(block_n=64, block_k=128, num_stages=4))
-    per_pair = (D(block_n=64, block_k=128, num_stages=4), D(block_n=64, block_k=256, num_stages=3),
-                D(block_n=128, block_k=128, num_stages=3))
-    return [ExpertsConfig(block_m=16, gate_up=g, down=d, combine=combine, kernel="direct")
-            for combine, downs in (("reduce", per_token), ("atomic", per_pair))
-            for g in gate_ups for d in downs]
-
-
 #: Rows per hit expert from which an fp8 point also times the warp-specialized Gluon kernels
 #: (``kernel="ws"``, 128-row blocks): at 64 (qwen3 T=1024) they won once a consumer of 64
 #: padding rows skipped its wgmma; at 32 (deepseek-v3 T=1024) they lost (RESULTS 2026-12-02
@@ -307,27 +281,6 @@ def fp8_ws_candidates(num_slots: int, top_k: int, tokens: int,
     # form where an odd H made them the same
     down128 = next(c for c in out if (c.gate_up.block_n, c.down.block_n) == (128, 128))
     return out + [replace(c, skip_padding=True) for c in dict.fromkeys((out[0], down128))]
-
-
-def fp8_direct_candidates(tokens: int) -> list[ExpertsConfig]:
-    """The fp8 direct decode configs (``fp8_direct.py``) a point of at most
-    :data:`DIRECT_MAX_TOKENS` rows times as whole calls: gate/up tiles of 32-128 columns by
-    the per-token down (``"reduce"``: 16-64 columns) and the per-pair down (``"atomic"``:
-    64-128 columns); ``block_k`` is the 128-column group; 4 warps; 15 configs. Pure; host only."""
-    if tokens > DIRECT_MAX_TOKENS:
-        return []
-    G, D = GateUpConfig, DownConfig
-    gate_ups = (G(block_n=32, block_k=FP8_GROUP, num_stages=4),
-                G(block_n=64, block_k=FP8_GROUP, num_stages=4),
-                G(block_n=128, block_k=FP8_GROUP, num_stages=3))
-    per_token = (D(block_n=16, block_k=FP8_GROUP, num_stages=4),
-                 D(block_n=32, block_k=FP8_GROUP, num_stages=4),
-                 D(block_n=64, block_k=FP8_GROUP, num_stages=4))
-    per_pair = (D(block_n=64, block_k=FP8_GROUP, num_stages=4),
-                D(block_n=128, block_k=FP8_GROUP, num_stages=3))
-    return [ExpertsConfig(block_m=16, gate_up=g, down=d, combine=combine, kernel="direct")
-            for combine, downs in (("reduce", per_token), ("atomic", per_pair))
-            for g in gate_ups for d in downs]
 
 
 def _within(out: list[tuple], cap: int) -> list[CandidateSet]:

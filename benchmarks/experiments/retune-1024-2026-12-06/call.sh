@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# H200 only (stops at once on another card). One call, about 500 s:
+# 1. /tmp/new: the tree's files with tail_split on the H200 file's mixtral8x7b T=1024 entry;
+#    the mixtral bf16 rows (flags of run c) on /tmp/new and the tree's files, new/old x2;
+# 2. `moerun tune` into /tmp/tuned, a copy of /tmp/new: bf16 at T=1 and T=1024 of the four
+#    model shapes (the H200 T=1024 entries date from 2026-12-02 and 2026-12-03, before the
+#    tail split; T=1 now offers the swap_ab direct configs), then fp8 at T=1 (swap_ab);
+# 3. whole bf16 matrices on /tmp/tuned, then /tmp/new, as time allows (`call-b.sh`, issued
+#    on the warm machine right after, runs them again in the other order, then the fp8
+#    matrix on the tuned copy and on the tree's files).
+# Files back: summary.txt, runs.tar, tuned.tar (the tuned folder, also left in build/tuned).
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $NAME" | tee $OUT/summary.txt
+if [[ "$NAME" != *H200* ]]; then echo "not an H200: stop"; exit 3; fi
+date -u +"start %H:%M:%S" >> $OUT/summary.txt
+rm -rf /tmp/new /tmp/tuned /tmp/runs && cp -r moerun/backends/triton/configs /tmp/new && mkdir -p /tmp/runs
+python3 - <<'PY'
+import json
+p = '/tmp/new/S8_N14336_K4096_bfloat16_NVIDIA_H200.json'
+d = json.load(open(p)); d['entries']['1024']['config']['tail_split'] = True
+json.dump(d, open(p, 'w'), indent=1)
+PY
+source benchmarks/experiments/tail-split-2026-12-06/bench_lib.sh  # bench NAME DIR [FLAGS]
+for r in new-1 old-1 new-2 old-2; do
+  d=""; [[ $r == new* ]] && d=/tmp/new
+  bench $r "$d" --shapes mixtral8x7b
+done
+cp -r /tmp/new /tmp/tuned
+date -u +"tune start %H:%M:%S" >> $OUT/summary.txt
+S=mixtral8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3
+timeout 230 python3 -m moerun.cli tune --shapes $S --T 1,1024 --budget-s 200 --out-dir /tmp/tuned \
+    > /tmp/runs/tune.txt 2>&1
+echo "tune rc=$? at ${SECONDS}s" | tee -a $OUT/summary.txt
+timeout 80 python3 -m moerun.cli tune --dtype fp8 --shapes $S --T 1 --budget-s 60 \
+    --out-dir /tmp/tuned > /tmp/runs/tune-fp8.txt 2>&1
+echo "tune fp8 rc=$? at ${SECONDS}s" | tee -a $OUT/summary.txt
+grep -h "^==" /tmp/runs/tune.txt /tmp/runs/tune-fp8.txt | cut -c1-200 | tee -a $OUT/summary.txt
+tar -cf $OUT/tuned.tar -C /tmp/tuned . && rm -rf build/tuned && mkdir -p build && cp -r /tmp/tuned build/tuned
+export BENCH_TIMEOUT=120
+for r in tuned-1 new-3; do
+  [ $SECONDS -gt 460 ] && { echo "skip $r: time" | tee -a $OUT/summary.txt; continue; }
+  bench matrix-$r /tmp/${r%-*}
+done
+tar -cf $OUT/runs.tar -C /tmp/runs .
+date -u +"end %H:%M:%S" >> $OUT/summary.txt
