@@ -40,6 +40,7 @@ import triton.language as tl
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 from moerun._triton.gdc import pdl_prologue
+from moerun.backends.triton.direct_tiles import direct_acc, direct_dot, direct_scaled_dot
 from moerun.backends.triton.down_tiles import store_down_rows
 from moerun.backends.triton.fp8_tiles import quantize_tile
 
@@ -123,42 +124,6 @@ _LAUNCH = FastLauncher(_down_kernel)
 
 
 @triton.jit
-def _direct_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
-    """A direct kernel's zero fp32 accumulator: ``[BN, BM]`` with ``SWAP_AB``, else
-    ``[BM, BN]``. Device code (inlined), registers only."""
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    return acc
-
-
-@triton.jit
-def _direct_dot(acc, a, b, PRECISION: tl.constexpr, SWAP_AB: tl.constexpr):
-    """``acc + a @ b`` (``a [BM, BK]`` rows, ``b [BK, BN]`` weights), or with ``SWAP_AB``
-    ``acc + b^T @ a^T`` into the ``[BN, BM]`` accumulator (the weight rows on the MMA's M
-    side). Device code (inlined), registers and shared memory only."""
-    if SWAP_AB:
-        acc = tl.dot(tl.trans(b), tl.trans(a), acc, input_precision=PRECISION)
-    else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def _direct_scaled_dot(acc, aq, b, row_scale, SWAP_AB: tl.constexpr):
-    """The fp8 step of a direct kernel: ``acc + (aq @ b) * row_scale[:, None]`` (``aq``
-    e4m3 ``[BM, BK]``, ``b`` e4m3 ``[BK, BN]``, ``row_scale [BM]``), or its transpose into
-    the ``[BN, BM]`` accumulator with ``SWAP_AB`` (e4m3 wgmmas on sm90 for ``BN`` >= 64).
-    Device code (inlined), registers and shared memory only."""
-    if SWAP_AB:
-        acc += tl.dot(tl.trans(b), tl.trans(aq)) * row_scale[None, :]
-    else:
-        acc += tl.dot(aq, b) * row_scale[:, None]
-    return acc
-
-
-@triton.jit
 def _down_direct_kernel(
     act_ptr,  # [M*K, I], weighted rows of gate_up_direct
     w2_ptr,  # [S, H, I]
@@ -186,7 +151,7 @@ def _down_direct_kernel(
     offs_nw = (offs_n % hidden).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     steps = tl.cdiv(inter, BLOCK_K)
-    acc = _direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for it in range(0, TOP_K * steps):
         j = it // steps
         k0 = (it - j * steps) * BLOCK_K
@@ -203,16 +168,16 @@ def _down_direct_kernel(
             w_s = tl.load(ws_ptr + e.to(tl.int64) * stride_wse
                           + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn + k0 // BLOCK_K,
                           mask=ok, other=0.0) * tl.load(tw_ptr + pair, mask=ok, other=0.0)
-            acc = _direct_scaled_dot(acc, aq, b, a_s * w_s, SWAP_AB)
+            acc = direct_scaled_dot(acc, aq, b, a_s * w_s, SWAP_AB)
         elif EVEN_K:
             a = tl.load(a_ptrs, mask=row0[:, None] & ok, other=0.0)
             b = tl.load(b_ptrs, mask=ok, other=0.0)
-            acc = _direct_dot(acc, a, b, PRECISION, SWAP_AB)
+            acc = direct_dot(acc, a, b, PRECISION, SWAP_AB)
         else:
             k_ok = offs_k < inter - k0
             a = tl.load(a_ptrs, mask=row0[:, None] & k_ok[None, :] & ok, other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None] & ok, other=0.0)
-            acc = _direct_dot(acc, a, b, PRECISION, SWAP_AB)
+            acc = direct_dot(acc, a, b, PRECISION, SWAP_AB)
     if SWAP_AB:
         acc = tl.trans(acc)
     dst = out_ptr + tok * stride_om + offs_n[None, :] + rows[:, None] * 0
@@ -257,7 +222,7 @@ def _down_direct_pairs_kernel(
     a_ptrs = act_ptr + pair * stride_am + offs_k[None, :] + rows[:, None] * 0
     b_ptrs = w2_ptr + tl.where(ok, e, 0).to(tl.int64) * stride_we \
         + offs_nw[None, :] * stride_wn + offs_k[:, None]
-    acc = _direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     steps = tl.where(ok, tl.cdiv(inter, BLOCK_K), 0)  # excluded pairs load nothing
     ws0 = ws_ptr + tl.where(ok, e, 0).to(tl.int64) * stride_wse \
         + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn
@@ -267,16 +232,16 @@ def _down_direct_pairs_kernel(
             af = tl.load(a_ptrs, mask=row0[:, None], other=0.0).to(tl.float32)
             aq, a_s = quantize_tile(af, EPS, QMAX)
             b = tl.load(b_ptrs)
-            acc = _direct_scaled_dot(acc, aq, b, a_s * (tl.load(ws0 + k) * wp), SWAP_AB)
+            acc = direct_scaled_dot(acc, aq, b, a_s * (tl.load(ws0 + k) * wp), SWAP_AB)
         elif EVEN_K:
             a = tl.load(a_ptrs, mask=row0[:, None], other=0.0)
             b = tl.load(b_ptrs)
-            acc = _direct_dot(acc, a, b, PRECISION, SWAP_AB)
+            acc = direct_dot(acc, a, b, PRECISION, SWAP_AB)
         else:
             k_ok = offs_k < inter - k * BLOCK_K
             a = tl.load(a_ptrs, mask=row0[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-            acc = _direct_dot(acc, a, b, PRECISION, SWAP_AB)
+            acc = direct_dot(acc, a, b, PRECISION, SWAP_AB)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if SWAP_AB:

@@ -30,6 +30,7 @@ from moerun._triton.compat import patch_interpreter
 from moerun._triton.gdc import pdl_prologue
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 from moerun.backends.triton.configs import FP8_GROUP, ExpertsConfig, GateUpConfig
+from moerun.backends.triton.direct_tiles import direct_acc, direct_scaled_dot
 from moerun.backends.triton.fp8_checks import check_w13_fp8
 from moerun.backends.triton.fp8_tiles import load_act_tile
 from moerun.backends.triton.gate_up import DIRECT_BLOCK_M
@@ -79,22 +80,15 @@ def _gate_up_fp8_direct_kernel(
     # the tile's columns lie in one weight block: one scalar scale per K step
     gs0 = ws_ptr + expert * stride_wse + ((pid_n * BLOCK_N) // G) * stride_wsn
     us0 = gs0 + (inter // G) * stride_wsn
-    if SWAP_AB:  # [BN, BM]: an e4m3 wgmma (M = BN weight rows) instead of converted mma.sync
-        acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # SWAP_AB: [BN, BM] accumulators, an e4m3 wgmma (M = BN weight rows) per dot
+    acc_g = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc_u = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k in range(0, hidden // G):
         a, a_s = load_act_tile(a_ptrs, as_ptrs, k, row_ok, A_FP8, EPS, QMAX)
         g = tl.load(g_ptrs)
         u = tl.load(u_ptrs)
-        if SWAP_AB:
-            acc_g += tl.dot(tl.trans(g), tl.trans(a)) * (a_s * tl.load(gs0 + k))[None, :]
-            acc_u += tl.dot(tl.trans(u), tl.trans(a)) * (a_s * tl.load(us0 + k))[None, :]
-        else:
-            acc_g += tl.dot(a, g) * (a_s * tl.load(gs0 + k))[:, None]
-            acc_u += tl.dot(a, u) * (a_s * tl.load(us0 + k))[:, None]
+        acc_g = direct_scaled_dot(acc_g, a, g, a_s * tl.load(gs0 + k), SWAP_AB)
+        acc_u = direct_scaled_dot(acc_u, a, u, a_s * tl.load(us0 + k), SWAP_AB)
         a_ptrs += G
         g_ptrs += G
         u_ptrs += G

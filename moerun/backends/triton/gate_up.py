@@ -40,6 +40,7 @@ from moerun.backends.base import FusedShared
 from moerun.backends.reference import slot_w13
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import GateUpConfig
+from moerun.backends.triton.direct_tiles import direct_acc, direct_dot
 
 patch_interpreter()
 
@@ -83,12 +84,8 @@ def gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M: tl.constexpr,
     on sm90 for ``BN`` >= 64 at a 16-row tile), transposed back at the end. Device code
     (inlined into the calling kernel): global loads only, no stores."""
     offs_k = tl.arange(0, BLOCK_K)
-    if SWAP_AB:
-        acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_g = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc_u = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k in range(0, tl.cdiv(hidden, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
@@ -99,12 +96,8 @@ def gate_up_acc(a_ptrs, g_ptrs, u_ptrs, row_ok, hidden, BLOCK_M: tl.constexpr,
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
             u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-        if SWAP_AB:
-            acc_g = tl.dot(tl.trans(g), tl.trans(a), acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(tl.trans(u), tl.trans(a), acc_u, input_precision=PRECISION)
-        else:
-            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+        acc_g = direct_dot(acc_g, a, g, PRECISION, SWAP_AB)
+        acc_u = direct_dot(acc_u, a, u, PRECISION, SWAP_AB)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
