@@ -10,15 +10,9 @@ echo "card: $NAME" | tee $OUT/summary.txt
 if [[ "$NAME" != *H200* ]]; then echo "not an H200: stop"; exit 3; fi
 [ -d build/tuned ] || { echo "no build/tuned: run call.sh first" | tee -a $OUT/summary.txt; exit 4; }
 date -u +"start %H:%M:%S" >> $OUT/summary.txt
-rm -rf /tmp/new /tmp/tuned /tmp/runs && cp -r moerun/backends/triton/configs /tmp/new && mkdir -p /tmp/runs
+source benchmarks/experiments/tail-split-2026-12-06/bench_lib.sh  # new_dir; bench NAME DIR [FLAGS]
+rm -rf /tmp/tuned /tmp/runs && mkdir -p /tmp/runs && new_dir
 cp -r build/tuned /tmp/tuned
-python3 - <<'PY'
-import json
-p = '/tmp/new/S8_N14336_K4096_bfloat16_NVIDIA_H200.json'
-d = json.load(open(p)); d['entries']['1024']['config']['tail_split'] = True
-json.dump(d, open(p, 'w'), indent=1)
-PY
-source benchmarks/experiments/tail-split-2026-12-06/bench_lib.sh  # bench NAME DIR [FLAGS]
 export BENCH_TIMEOUT=120
 for r in new-4 tuned-2; do bench matrix-$r /tmp/${r%-*}; done
 fp8() {  # fp8 NAME DIR (empty: the tree's files)

@@ -11,14 +11,8 @@ NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "card: $NAME" | tee $OUT/summary.txt
 if [[ "$NAME" != *H200* ]]; then echo "not an H200: stop"; exit 3; fi
 date -u +"start %H:%M:%S" >> $OUT/summary.txt
-rm -rf /tmp/new /tmp/runs && cp -r moerun/backends/triton/configs /tmp/new && mkdir -p /tmp/runs
-python3 - <<'PY'
-import json
-p = '/tmp/new/S8_N14336_K4096_bfloat16_NVIDIA_H200.json'
-d = json.load(open(p)); d['entries']['1024']['config']['tail_split'] = True
-json.dump(d, open(p, 'w'), indent=1)
-PY
-source benchmarks/experiments/tail-split-2026-12-06/bench_lib.sh  # bench NAME DIR [FLAGS]
+source benchmarks/experiments/tail-split-2026-12-06/bench_lib.sh  # new_dir; bench NAME DIR [FLAGS]
+rm -rf /tmp/runs && mkdir -p /tmp/runs && new_dir
 for r in new-1 old-1 new-2 old-2; do
   d=""; [[ $r == new* ]] && d=/tmp/new
   bench $r "$d" --shapes mixtral8x7b
