@@ -230,7 +230,8 @@ def test_prefill_points_time_the_persistent_kernels_too(tmp_path):
         assert len(p.persistent) == (9 if rows > 160 else 0), (p.shape.name, p.tokens)
         assert sum(c.tail_split for c in p.persistent) == (3 if rows > 160 else 0)
         assert all(c.kernel == "persistent" and c.combine == "reduce" for c in p.persistent)
-        assert p.num_configs - len(p.direct) <= MAX_CONFIGS  # direct ones come on top
+        # the direct configs and the swap_ab forms come on top
+        assert p.num_configs - len(p.direct) - p.swap_configs <= MAX_CONFIGS
         assert len(compile_configs(p)) == p.num_configs
         assert set(p.persistent) <= set(compile_configs(p))
         if p.persistent:
@@ -406,23 +407,25 @@ def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
     got = [(p[1], p[2], p[4], p[6], p[7]) for p in points]
     # mixtral T=1/16: 2 and 4 rows per hit expert -> block_m 16: 6 gate/up (32/64/128 columns
     # x 3/4 stages) + 6 down (64/128 columns x split 1/2/4, all dividing I/128 = 112) + the
-    # incumbent = 13; T=1 also times the 21 fp8 direct configs (fp8_direct_candidates: 15 and
-    # 6 swap_ab copies) = 34.
-    # T=128 (32 rows/expert): 32 (12) + 64 with the fp8 intermediate (2 gate/up
-    # n128 w8 x 2 stages and 6 paired: n128 w4/w8 and n256 w8 x 3/4 stages; 6 down) + 64 in
-    # bf16 (4 gate/up n64 w4/w8 x 2 stages, 6 down) + 1 = 37. T >= 1024 (every one at >= 256
+    # incumbent = 13, and the swap_ab forms of its tiles of at least 64 weight rows (4 gate/up
+    # n64/n128 x 3/4 stages alone, the 6 downs as whole calls) = 23; T=1 also times the 21
+    # fp8 direct configs (fp8_direct_candidates: 15 and 6 swap_ab copies) = 44.
+    # T=128 (32 rows/expert): 32 (12, and its 10 swap_ab forms) + 64 with the fp8
+    # intermediate (2 gate/up n128 w8 x 2 stages and 6 paired: n128 w4/w8 and n256 w8 x 3/4
+    # stages; 6 down) + 64 in
+    # bf16 (4 gate/up n64 w4/w8 x 2 stages, 6 down) + 1 = 47. T >= 1024 (every one at >= 256
     # rows per hit expert, FP8_WIDE_GROUP_TPE): 64f8 (14, plus the group_m=16 paired n256 w8
     # s3 / n128 w4 s4 and downs n256 w8 / n128 w4: 18) + 64 (10 + the 2 downs: 12) + 128f8
     # (2 paired n128 w8 x 3/4 stages; 6 down: n64 w4/w8, n128 w8 x 2/3 stages; the group_m=16
     # tiles do not fit 128 rows) + 1 = 39, plus the 10 ws configs at >= 64 rows per hit
     # expert (fp8_ws_candidates) = 49
     assert got == [
-        ("mixtral8x7b", "T=1", "mode=graph", "configs=34", "block_m=16"),
-        ("mixtral8x7b", "T=16", "mode=graph", "configs=13", "block_m=16"),
-        ("mixtral8x7b", "T=128", "mode=graph", "configs=37", "block_m=32,64f8,64"),
+        ("mixtral8x7b", "T=1", "mode=graph", "configs=44", "block_m=16"),
+        ("mixtral8x7b", "T=16", "mode=graph", "configs=23", "block_m=16"),
+        ("mixtral8x7b", "T=128", "mode=graph", "configs=47", "block_m=32,64f8,64"),
         ("mixtral8x7b", "T=1024", "mode=graph", "configs=49", "block_m=64f8,64,128f8"),
         ("mixtral8x7b", "T=8192", "mode=eager", "configs=49", "block_m=64f8,64,128f8"),
-        ("deepseek-v3-ep8-local", "T=256", "mode=eager", "configs=37", "block_m=32,64f8,64"),
+        ("deepseek-v3-ep8-local", "T=256", "mode=eager", "configs=47", "block_m=32,64f8,64"),
         ("deepseek-v3-ep8-local", "T=2048", "mode=eager", "configs=49",
          "block_m=64f8,64,128f8"),
         ("deepseek-v3-ep8-local", "T=8192", "mode=eager", "configs=49",
@@ -433,11 +436,11 @@ def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
     assert files == [str(tmp_path / MIXTRAL_FP8)] * 5 + [str(tmp_path / EP8_FP8)] * 4
     assert f'incumbent="tuned ({EP8_FP8})"' in out.splitlines()[5]
     assert all('incumbent="heuristic"' in ln for ln in out.splitlines()[:5])
-    assert out.splitlines()[-1] == f"plan: 9 points, {34 + 13 + 2 * 37 + 5 * 49} configs to time"
+    assert out.splitlines()[-1] == f"plan: 9 points, {44 + 23 + 2 * 47 + 5 * 49} configs to time"
     # the points carry the fp8 heuristic as the incumbent where no file has the bucket
     pts = plan_points([SHAPES["mixtral8x7b"]], [1], FP8, H200, tmp_path)
     assert pts[0].incumbent == fp8_default_config(8, 14336, 4096, 1, 2)
-    assert len(compile_configs(pts[0])) == pts[0].num_configs == 34  # 13 + 21 direct
+    assert len(compile_configs(pts[0])) == pts[0].num_configs == 44  # 13 + 10 swap + 21 direct
 
 
 def test_fp8_plan_refuses_shapes_the_fp8_blocks_cannot_cover(capsys):

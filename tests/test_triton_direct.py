@@ -173,8 +173,15 @@ def test_direct_config_validation_and_round_trip():
     assert swapped.to_json()["swap_ab"] is True
     assert ExpertsConfig.from_json(swapped.to_json()) == swapped
     assert swapped.key().endswith("|direct swap")
-    with pytest.raises(ValueError, match="swap_ab=True.*True only with kernel='direct'"):
-        ExpertsConfig(block_m=16, gate_up=gu, down=dn, swap_ab=True)
+    grouped = ExpertsConfig(block_m=32, gate_up=gu, down=dn, swap_ab=True)  # 16/32-row tiles
+    assert ExpertsConfig.from_json(grouped.to_json()) == grouped
+    assert grouped.key().endswith("|reduce|swap")
+    for bad in (dict(block_m=64), dict(gate_up=GateUpConfig(block_n=64, block_k=128,
+                                                            paired=True)),
+                dict(kernel="persistent", block_m=128)):
+        with pytest.raises(ValueError, match="swap_ab=True.*True only with kernel='direct', "
+                                             "or kernel='grouped' at block_m 16 or 32"):
+            ExpertsConfig(**(dict(block_m=16, gate_up=gu, down=dn, swap_ab=True) | bad))
     for bad in (dict(block_m=32), dict(down=DownConfig(block_n=16, block_k=256, split_k=2))):
         kw = dict(block_m=16, gate_up=gu, down=dn, combine="atomic", kernel="direct") | bad
         with pytest.raises(ValueError, match="kernel='direct' needs block_m=16"):
@@ -203,7 +210,8 @@ def test_tune_plan_times_direct_configs_at_decode_points(tmp_path):
         assert {replace(c, swap_ab=False) for c in swap} <= set(by_t[t].direct)
         assert set(by_t[t].direct) <= set(compile_configs(by_t[t]))
         assert by_t[t].num_configs == (sum(c.size for c in by_t[t].candidate_sets)
-                                       + len(by_t[t].persistent) + 50 + 1)
+                                       + by_t[t].swap_configs + len(by_t[t].persistent)
+                                       + 50 + 1)
     assert by_t[16].direct == ()
     fp8 = {p.tokens: p for p in plan_points([shape], [1, 16], FP8, "NVIDIA_H200", tmp_path)}
     assert len(fp8[1].direct) == 21 and fp8[16].direct == ()  # fp8_direct.py's configs

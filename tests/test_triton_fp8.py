@@ -128,6 +128,15 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
         ("direct-per-pair", 4, 2, 3, 128, 384, ExpertsConfig(
             block_m=16, gate_up=GateUpConfig(block_n=128, block_k=128),
             down=DownConfig(block_n=64, block_k=128), combine="atomic", kernel="direct")),
+        # ExpertsConfig.swap_ab, grouped kernels at 16/32-row tiles: W x^T, one weight block
+        # per tile (scalar scale) and tiles of two blocks (a scale per weight row)
+        ("swap-bm16-atomic", 9, 2, 4, 256, 256, ExpertsConfig(
+            block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
+            down=DownConfig(block_n=64, block_k=128), combine="atomic", swap_ab=True)),
+        ("swap-bm32-n256-splitk2", 21, 2, 3, 256, 256, ExpertsConfig(
+            block_m=32, gate_up=GateUpConfig(block_n=256, block_k=128),
+            down=DownConfig(block_n=256, block_k=128, split_k=2), combine="atomic",
+            swap_ab=True)),
         # ExpertsConfig.swap_ab: both launches as W x^T (the weight rows on the MMA's M side)
         ("direct-swap-per-token", 5, 3, 4, 256, 256, ExpertsConfig(
             block_m=16, gate_up=GateUpConfig(block_n=64, block_k=128),
@@ -245,9 +254,10 @@ def test_gather_kernel_puts_token_rows_in_aligned_order(report):
 
 def test_fp8_experts_match_reference(report):
     rows = _rows(report, "experts")
-    assert len(rows) == 52
+    assert len(rows) == 60
     assert sum(r["name"].startswith("direct") for r in rows) == 16
     assert sum(r["name"].startswith("direct-swap") for r in rows) == 8
+    assert sum(r["name"].startswith("swap-") for r in rows) == 8
     for r in rows:
         # the same math as the reference up to summation order (fp16: and the rounding of
         # the fp32 sums to fp16)
@@ -291,11 +301,14 @@ def test_fp8_kernel_errors_name_the_argument(report):
 # ---------------------------------------------------------------- CUDA
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("bm,gu_n,combine,split,paired", [
-    (16, 64, "atomic", 1, False), (16, 64, "atomic", 2, False), (64, 64, "reduce", 1, False),
-    (64, 128, "atomic", 1, False), (128, 128, "reduce", 1, False),
-    (128, 128, "reduce", 1, True), (64, 256, "reduce", 1, True), (16, 64, "atomic", 2, True)])
-def test_fp8_kernels_on_cuda(bm, gu_n, combine, split, paired):
+@pytest.mark.parametrize("bm,gu_n,combine,split,paired,swap", [
+    (16, 64, "atomic", 1, False, False), (16, 64, "atomic", 2, False, False),
+    (64, 64, "reduce", 1, False, False), (64, 128, "atomic", 1, False, False),
+    (128, 128, "reduce", 1, False, False), (128, 128, "reduce", 1, True, False),
+    (64, 256, "reduce", 1, True, False), (16, 64, "atomic", 2, True, False),
+    # ExpertsConfig.swap_ab at 16/32-row tiles: e4m3 wgmmas, one and two weight blocks a tile
+    (16, 64, "atomic", 2, False, True), (32, 256, "reduce", 1, False, True)])
+def test_fp8_kernels_on_cuda(bm, gu_n, combine, split, paired, swap):
     from moerun.backends.triton.configs import DownConfig, ExpertsConfig, GateUpConfig
     from moerun.backends.triton.fp8 import quantize_rows_fp8, run_experts_fp8
     from moerun.quant import QuantConfig, dequantize_weight_blocks, quantize_rows, \
@@ -315,7 +328,7 @@ def test_fp8_kernels_on_cuda(bm, gu_n, combine, split, paired):
                         down=DownConfig(block_n=256 if gu_n == 256 else 64, block_k=128,
                                         split_k=split, num_stages=3,
                                         num_warps=8 if gu_n == 256 else 4),
-                        combine=combine)
+                        combine=combine, swap_ab=swap)
     ref = reference_fp8_moe(xb, w13, s13, w2, s2, weights, ids, QuantConfig(),
                             out_dtype=torch.bfloat16)
     unq = _fp32_moe(x.cpu(), dequantize_weight_blocks(w13, s13).cpu(),

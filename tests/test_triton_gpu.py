@@ -84,6 +84,22 @@ def test_bf16_benchmark_shapes(name, T):
     _check(name, torch.bfloat16, T, drop=0.1 if T == 37 else 0.0)
 
 
+@pytest.mark.parametrize("name", ["mixtral8x7b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("T, block_m, combine", [(16, 16, "atomic"), (128, 32, "reduce")])
+def test_swap_ab_grouped_tiles(name, T, block_m, combine):
+    """``ExpertsConfig.swap_ab`` on the grouped kernels at 16/32-row tiles (``W x^T``: wgmma
+    with the weight rows on M) against the fp64 reference, some pairs excluded."""
+    from moerun.backends.triton import TritonExperts
+    from moerun.backends.triton.configs import (ConfigTable, DownConfig, ExpertsConfig,
+                                                GateUpConfig)
+
+    cfg = ExpertsConfig(block_m=block_m, gate_up=GateUpConfig(block_n=64, block_k=128),
+                        down=DownConfig(block_n=128, block_k=64, num_stages=3),
+                        combine=combine, swap_ab=True)
+    be = TritonExperts(ConfigTable(overrides={b: cfg for b in (16, 128)}))
+    _check(name, torch.bfloat16, T, backend=be, drop=0.1, seed=T)
+
+
 @pytest.mark.parametrize("name", ["deepseek-v3-ep8-local", "qwen3-235b-ep8-local"])
 @pytest.mark.parametrize("T", [256, 2048])
 def test_bf16_ep_local_shapes(name, T):

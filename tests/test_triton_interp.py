@@ -118,6 +118,10 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
             used = int(al.num_post[0])
             emit(kind="gate_up", name=f"{name}/{dt_name}",
                  err=rel(act[:used], act_t[:used]), dtype=dt_name)
+            act_s = torch.full_like(act, float("nan"))  # ExpertsConfig.swap_ab: W x^T
+            gate_up(x, w13, al, k, gu_cfg, out=act_s, swap_ab=True)
+            emit(kind="gate_up", name=f"{name}/{dt_name}/swap",
+                 err=rel(act_s[:used], act_t[:used]), dtype=dt_name)
             dn_cfg = DownConfig(block_n=16, block_k=16)
             y = torch.full((m * k, h), float("nan"), dtype=dt)
             down(act, w2, al, tw, k, dn_cfg, out=y)
@@ -129,6 +133,15 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
             down(act, w2, al, tw, k, DownConfig(block_n=16, block_k=16, split_k=2),
                  atomic_out=acc)
             emit(kind="down", name=f"{name}/{dt_name}/atomic-splitk",
+                 err=rel(acc, down_torch(act, w2, al, tw, k, atomic=True)), dtype=dt_name)
+            y_s = torch.full((m * k, h), float("nan"), dtype=dt)
+            down(act, w2, al, tw, k, dn_cfg, out=y_s, swap_ab=True)
+            emit(kind="down", name=f"{name}/{dt_name}/rows/swap", err=rel(y_s[live], y_t[live]),
+                 dtype=dt_name)
+            acc = torch.zeros(m, h)
+            down(act, w2, al, tw, k, DownConfig(block_n=16, block_k=16, split_k=2),
+                 atomic_out=acc, swap_ab=True)
+            emit(kind="down", name=f"{name}/{dt_name}/atomic-splitk/swap",
                  err=rel(acc, down_torch(act, w2, al, tw, k, atomic=True)), dtype=dt_name)
             out_sum = torch.full((m, h), float("nan"), dtype=dt)
             moe_sum(y, ids, s, out=out_sum)
@@ -144,13 +157,15 @@ def _worker() -> None:  # pragma: no cover -- runs in the subprocess
                          moe_sum_torch(torch.where(live[:, None], y, 0), ids, s)),
                  dtype=dt_name)
             ref = reference_moe(x.double(), w13.double(), w2.double(), tw.double(), ids)
-            for combine, split in (("reduce", 1), ("atomic", 1), ("atomic", 2)):
+            for combine, split, swap in (("reduce", 1, False), ("atomic", 1, False),
+                                         ("atomic", 2, False), ("reduce", 1, True)):
                 cfg = ExpertsConfig(block_m=16, gate_up=gu_cfg,
                                     down=DownConfig(block_n=16, block_k=16, split_k=split),
-                                    combine=combine)
+                                    combine=combine, swap_ab=swap)
                 be = TritonExperts(ConfigTable(overrides={b: cfg for b in range(1, 64)}))
                 out = be.run_experts(x, w13, w2, tw, ids)
-                emit(kind="backend", name=f"{name}/{dt_name}/{combine}x{split}",
+                emit(kind="backend",
+                     name=f"{name}/{dt_name}/{combine}x{split}{'/swap' if swap else ''}",
                      err=rel(out, ref), dtype=dt_name, out_dtype=str(out.dtype),
                      shape=list(out.shape))
             emit(kind="timing", name=f"{name}/{dt_name}", secs=time.time() - t)
@@ -223,13 +238,17 @@ def test_fused_shared_expert_slots(report):
 
 @pytest.mark.parametrize("kind", ["gate_up", "down", "moe_sum"])
 def test_kernels_match_twins(report, kind):
-    for r in _rows(report, kind):
+    rows = _rows(report, kind)
+    for r in rows:
         assert r["err"] <= TOL_TWIN[r["dtype"]], r  # NaN fails: unwritten rows
+    if kind != "moe_sum":  # ExpertsConfig.swap_ab's form of each kernel, every case
+        assert sum(r["name"].endswith("/swap") for r in rows) == (10 if kind == "gate_up"
+                                                                   else 20)
 
 
 def test_backend_matches_reference(report):
     rows = _rows(report, "backend")
-    assert len(rows) >= 30
+    assert len(rows) >= 40 and sum(r["name"].endswith("/swap") for r in rows) == 10
     for r in rows:
         assert r["err"] <= TOL_BACKEND[r["dtype"]], r
         assert r["out_dtype"] == f"torch.{r['dtype']}", r

@@ -1,5 +1,6 @@
-"""Offline sm90 compile (CPU machine) of the direct decode kernels with and without
-``SWAP_AB``: which MMA each form issues, conversions, shared memory, registers and spills.
+"""Offline sm90 compile (CPU machine) of the direct decode kernels, and of the grouped ones at
+16/32-row tiles, with and without ``SWAP_AB``: which MMA each form issues, conversions,
+shared memory, registers and spills.
 
     PYTHONPATH=. python3 benchmarks/experiments/fp8-swap-2026-12-06/compile_swap.py
 """
@@ -61,6 +62,31 @@ def main() -> None:
                            m * k, s, i, xb.stride(0), w13b.stride(0), w13b.stride(1),
                            act.stride(0), k, 16, bn, 128, 1, True, "tf32", 0, 1, 0, swap,
                            True), st))
+    # the grouped kernels at 16/32-row tiles (ExpertsConfig.swap_ab with kernel="grouped")
+    from moerun.backends.triton.down import _down_kernel
+    from moerun.backends.triton.fp8 import _down_fp8_kernel, _gate_up_fp8_kernel
+
+    r = 1024
+    xg8, actg = torch.empty(r, h, dtype=torch.uint8).view(f8), torch.empty(r, i, dtype=torch.bfloat16)
+    yg = torch.empty(r, h, dtype=torch.bfloat16)
+    rid = torch.empty(r, dtype=torch.int32)
+    for bm in (16, 32):
+        for swap in (False, True):
+            cases.append((f"fp8 grouped gate/up m{bm} n64 swap={swap}", _gate_up_fp8_kernel,
+                          (x8, xs, w13, s13, actg, actg, rid, rid, rid, r, i, h, 64,
+                           x8.stride(0), xs.stride(0), w13.stride(0), w13.stride(1),
+                           s13.stride(0), s13.stride(1), actg.stride(0), 1, k, bm, 64, 128, 1,
+                           True, False, 2, 1e-12, 448.0, swap, True), 3))
+            cases.append((f"fp8 grouped down m{bm} n128 swap={swap}", _down_fp8_kernel,
+                          (actg, actg, w2, s2, yg, tw, rid, rid, rid, r, h, i, 64,
+                           actg.stride(0), 1, w2.stride(0), w2.stride(1), s2.stride(0),
+                           s2.stride(1), yg.stride(0), k, bm, 128, 128, 1, 1, False, False,
+                           1e-12, 448.0, swap, True), 3))
+            cases.append((f"bf16 grouped down m{bm} n128 swap={swap}", _down_kernel,
+                          (actg, w2b, w2b, yg, tw, rid, rid, rid, r, h, i, 64, s,
+                           actg.stride(0), w2b.stride(0), w2b.stride(1), yg.stride(0),
+                           w2b.stride(1), k, bm, 128, 64, 1, 1, True, False, "tf32", 0, swap,
+                           True), 3))
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn, args, st in cases:
             ck = compile_sm90(fn, args, num_warps=4, num_stages=st)

@@ -117,10 +117,12 @@ class ExpertsConfig:
             every tile of a launch the same length, so the programs that share a weight tile
             stay in step and read it from L2 (docs/DECISIONS.md, "The ws consumers compute
             padding halves"); skipping pays where an expert's rows fit one block.
-        swap_ab: only with ``kernel="direct"``: both launches compute ``W x^T`` (a tile's
-            weight rows on the MMA's M side, the 16-row token tile on N), so on sm90 a tile
-            of 64 or 128 weight rows runs wgmmas -- for fp8 the e4m3 ones, where the
-            ``x W^T`` form's 16-row tile converts every weight to fp16 for ``mma.sync``.
+        swap_ab: both GEMMs compute ``W x^T`` (a tile's weight rows on the MMA's M side,
+            the 16- or 32-row token tile on N), so on sm90 a tile of 64 or 128 weight rows
+            runs wgmmas -- for fp8 the e4m3 ones, where the ``x W^T`` form's 16-row tile
+            converts every weight to fp16 for ``mma.sync``. With ``kernel="direct"``, or
+            ``"grouped"`` at ``block_m`` 16 or 32 with an unpaired gate/up tile (at 64 rows
+            and more the grouped tiles run wgmmas already).
     """
 
     block_m: int
@@ -176,9 +178,12 @@ class ExpertsConfig:
                                                     and self.kernel != "persistent"):
             raise ValueError(f"ExpertsConfig.tail_split={self.tail_split!r}: a bool, True only "
                              "with kernel='persistent'")
-        if self.swap_ab not in (False, True) or (self.swap_ab and self.kernel != "direct"):
+        if self.swap_ab not in (False, True) or (self.swap_ab and not (
+                self.kernel == "direct" or (self.kernel == "grouped" and self.block_m <= 32
+                                            and not self.gate_up.paired))):
             raise ValueError(f"ExpertsConfig.swap_ab={self.swap_ab!r}: a bool, True only "
-                             "with kernel='direct'")
+                             "with kernel='direct', or kernel='grouped' at block_m 16 or 32 "
+                             "with an unpaired gate/up tile")
         if self.programs < 0 or (self.programs and self.kernel != "persistent"):
             raise ValueError(f"ExpertsConfig.programs={self.programs!r}: >= 0, and only with "
                              "kernel='persistent'")
@@ -215,6 +220,8 @@ class ExpertsConfig:
         key = (f"m{self.block_m}|gu n{g.block_n}k{g.block_k}g{g.group_m}w{g.num_warps}"
                f"s{g.num_stages}{'P' if g.paired else ''}|dn n{d.block_n}k{d.block_k}"
                f"g{d.group_m}x{d.split_k}w{d.num_warps}s{d.num_stages}|{self.combine}")
+        if self.swap_ab and self.kernel == "grouped":
+            key += "|swap"
         if self.kernel == "persistent":
             def flags(c):
                 return "".join(ch for ch, on in (("F", c.flatten),

@@ -1,7 +1,8 @@
-"""Tile helpers of the direct decode kernels' two product forms (``ExpertsConfig.swap_ab``):
+"""Tile helpers of the two product forms (``ExpertsConfig.swap_ab``) of the direct decode
+kernels and of the grouped ones at 16/32-row tiles:
 ``x W^T`` into a ``[BM, BN]`` accumulator, or ``W x^T`` into ``[BN, BM]`` so that the tile's
 weight rows are the MMA's M side (wgmmas on sm90 for ``BN`` >= 64 at a 16-row token tile,
-e4m3 ones for fp8). Used by ``gate_up.py``, ``down.py`` and ``fp8_direct.py``.
+e4m3 ones for fp8). Used by ``gate_up.py``, ``down.py``, ``fp8_direct.py`` and ``fp8.py``.
 ``@triton.jit`` device functions only: inlined, registers and shared memory, no global
 memory."""
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["direct_acc", "direct_dot", "direct_scaled_dot"]
+__all__ = ["direct_acc", "direct_dot", "direct_scaled_dot", "outer_scaled_dot"]
 
 
 @triton.jit
@@ -43,4 +44,16 @@ def direct_scaled_dot(acc, aq, b, row_scale, SWAP_AB: tl.constexpr):
         acc += tl.dot(tl.trans(b), tl.trans(aq)) * row_scale[None, :]
     else:
         acc += tl.dot(aq, b) * row_scale[:, None]
+    return acc
+
+
+@triton.jit
+def outer_scaled_dot(acc, aq, b, row_scale, col_scale, SWAP_AB: tl.constexpr):
+    """An fp8 K step of a tile wider than one weight block: ``acc + (aq @ b) *
+    (row_scale[:, None] * col_scale[None, :])`` (``col_scale [BN]``: each column's weight
+    block scale), or its transpose into the ``[BN, BM]`` accumulator with ``SWAP_AB``."""
+    if SWAP_AB:
+        acc += tl.dot(tl.trans(b), tl.trans(aq)) * (col_scale[:, None] * row_scale[None, :])
+    else:
+        acc += tl.dot(aq, b) * (row_scale[:, None] * col_scale[None, :])
     return acc

@@ -76,6 +76,7 @@ def _down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     ATOMIC: tl.constexpr, PRECISION: tl.constexpr, SHARED: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # w2 tile x rows^T (direct_tiles.py): the weight rows on M
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -103,7 +104,7 @@ def _down_kernel(
             row_stride = stride_wn
     b_ptrs = w_base + offs_nw[None, :].to(tl.int64) * row_stride + offs_k[:, None]
 
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k in range(0, tl.cdiv(inter, BLOCK_K * SPLIT_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -112,9 +113,11 @@ def _down_kernel(
             k_ok = offs_k < inter - k * (BLOCK_K * SPLIT_K)
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = direct_dot(acc, a, b, PRECISION, SWAP_AB)
         a_ptrs += BLOCK_K * SPLIT_K
         b_ptrs += BLOCK_K * SPLIT_K
+    if SWAP_AB:
+        acc = tl.trans(acc)
 
     store_down_rows(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, offs_m, offs_n, num_pairs,
                     hidden, stride_om, TOP_K, ATOMIC)
@@ -275,7 +278,8 @@ def _check_w2(act: torch.Tensor, w2: torch.Tensor) -> None:
 
 def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: torch.Tensor,
          top_k: int, cfg: DownConfig, *, atomic_out: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, shared: FusedShared | None = None) -> torch.Tensor:
+         out: torch.Tensor | None = None, shared: FusedShared | None = None,
+         swap_ab: bool = False) -> torch.Tensor:
     """Weighted down projection of the aligned rows.
 
     Args:
@@ -290,6 +294,8 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
         out: else an optional ``[M*K, H]`` act.dtype buffer for the per-pair rows (rows of
             ``-1`` pairs are not written).
         shared: the fused shared expert (its ``w2 [H, Is]``; slots ``S..S+n-1``).
+        swap_ab: compute ``W x^T`` (``ExpertsConfig.swap_ab``; ``direct_tiles.py``): at
+            ``block_m`` 16/32 a ``block_n`` of 64 or more then runs wgmmas on sm90.
 
     Returns: ``atomic_out`` or ``y [M*K, H]``. One launch; current stream; no host sync.
     """
@@ -328,10 +334,10 @@ def down(act: torch.Tensor, w2: torch.Tensor, align: Alignment, topk_weights: to
         align.num_pairs, h, inter, align.max_blocks, s,
         act.stride(0), w2.stride(0), w2.stride(1), dst.stride(0), sw2.stride(0),
         # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, EVEN_K, ATOMIC, PRECISION,
-        # SHARED
+        # SHARED, SWAP_AB
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.split_k,
         inter % (cfg.block_k * cfg.split_k) == 0, atomic_out is not None,
-        dot_precision(act.dtype), mode,
+        dot_precision(act.dtype), mode, swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dst

@@ -340,11 +340,14 @@ class TritonExperts(Backend):
         atomic = cfg.combine == "atomic"
         acc = torch.empty(m, h, dtype=torch.float32, device=x.device) if atomic else None
         align = moe_align(ids, s + n_shared, cfg.block_m, zero=acc)  # launch 1
-        act = gate_up(x, w13, align, k, cfg.gate_up, shared=shared)  # launch 2
+        act = gate_up(x, w13, align, k, cfg.gate_up, shared=shared,
+                      swap_ab=cfg.swap_ab)  # launch 2
         if atomic:
-            down(act, w2, align, weights, k, cfg.down, atomic_out=acc, shared=shared)  # 3
+            down(act, w2, align, weights, k, cfg.down, atomic_out=acc, shared=shared,
+                 swap_ab=cfg.swap_ab)  # launch 3
             return acc if x.dtype == torch.float32 else acc.to(x.dtype)  # launch 4
-        y = down(act, w2, align, weights, k, cfg.down, shared=shared)  # launch 3
+        y = down(act, w2, align, weights, k, cfg.down, shared=shared,
+                 swap_ab=cfg.swap_ab)  # launch 3
         return moe_sum(y, ids, s + n_shared)  # launch 4
 
     def workspace_bytes(self, problem: Problem, rows: int) -> int:

@@ -49,6 +49,8 @@ from moerun.backends.triton.configs import (
     GateUpConfig,
     fp8_intermediate,
 )
+from moerun.backends.triton.direct_tiles import (direct_acc, direct_scaled_dot,
+                                                  outer_scaled_dot)
 from moerun.backends.triton.fp8_checks import check_w2_fp8, check_w13_fp8
 from moerun.backends.triton.down_tiles import store_down_rows
 from moerun.backends.triton.fp8_paired import gate_up_paired
@@ -81,6 +83,7 @@ def _gate_up_fp8_kernel(
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
     GROUP_M: tl.constexpr, A_FP8: tl.constexpr, OUT_FP8: tl.constexpr, MID: tl.constexpr,
     EPS: tl.constexpr, QMAX: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # weights x rows^T (direct_tiles.py): the weight rows on M
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -103,8 +106,8 @@ def _gate_up_fp8_kernel(
     gs_ptrs = ws_ptr + expert * stride_wse + (offs_nw // G) * stride_wsn
     us_ptrs = gs_ptrs + (inter // G) * stride_wsn
 
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_g = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)  # SWAP_AB: [BN, BM]
+    acc_u = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     # BLOCK_N <= G: the tile's columns lie in one weight block, so a step's weight scale is
     # one scalar and the step's scale a [BLOCK_M] vector (no [BM, BN] outer product)
     gs0 = ws_ptr + expert * stride_wse + ((pid_n * BLOCK_N) // G) * stride_wsn
@@ -114,16 +117,19 @@ def _gate_up_fp8_kernel(
         g = tl.load(g_ptrs)
         u = tl.load(u_ptrs)
         if BLOCK_N <= G:
-            acc_g += tl.dot(a, g) * (a_s * tl.load(gs0 + k))[:, None]
-            acc_u += tl.dot(a, u) * (a_s * tl.load(us0 + k))[:, None]
+            acc_g = direct_scaled_dot(acc_g, a, g, a_s * tl.load(gs0 + k), SWAP_AB)
+            acc_u = direct_scaled_dot(acc_u, a, u, a_s * tl.load(us0 + k), SWAP_AB)
         else:
             g_s = tl.load(gs_ptrs + k)
             u_s = tl.load(us_ptrs + k)
-            acc_g += tl.dot(a, g) * (a_s[:, None] * g_s[None, :])
-            acc_u += tl.dot(a, u) * (a_s[:, None] * u_s[None, :])
+            acc_g = outer_scaled_dot(acc_g, a, g, a_s, g_s, SWAP_AB)
+            acc_u = outer_scaled_dot(acc_u, a, u, a_s, u_s, SWAP_AB)
         a_ptrs += G
         g_ptrs += G
         u_ptrs += G
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
 
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     out_ptrs = act_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_n[None, :]
@@ -150,6 +156,7 @@ def _down_fp8_kernel(
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, A_FP8: tl.constexpr,
     EPS: tl.constexpr, QMAX: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # weights x rows^T (direct_tiles.py): the weight rows on M
     PDL: tl.constexpr,  # supplied by FastLauncher (moerun._triton.pdl)
 ):
     pdl_prologue(PDL)  # first: nothing touches global memory before the wait
@@ -171,7 +178,7 @@ def _down_fp8_kernel(
     bs0 = ws_ptr + expert * stride_wse + ((pid_n * BLOCK_N) // G) * stride_wsn + pid_k
     as_ptrs = acts_ptr + offs_m.to(tl.int64) * stride_asm + pid_k
 
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = direct_acc(BLOCK_M, BLOCK_N, SWAP_AB)  # SWAP_AB: [BN, BM]
     for k in range(0, inter // (G * SPLIT_K)):
         if A_FP8:
             a = tl.load(a_ptrs)
@@ -181,12 +188,14 @@ def _down_fp8_kernel(
             a, a_s = quantize_tile(af, EPS, QMAX)
         b = tl.load(b_ptrs)
         if BLOCK_N <= G:  # one weight block per tile and step: a scalar scale
-            acc += tl.dot(a, b) * (a_s * tl.load(bs0 + k * SPLIT_K))[:, None]
+            acc = direct_scaled_dot(acc, a, b, a_s * tl.load(bs0 + k * SPLIT_K), SWAP_AB)
         else:
             b_s = tl.load(bs_ptrs + k * SPLIT_K)
-            acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
+            acc = outer_scaled_dot(acc, a, b, a_s, b_s, SWAP_AB)
         a_ptrs += G * SPLIT_K
         b_ptrs += G * SPLIT_K
+    if SWAP_AB:
+        acc = tl.trans(acc)
 
     store_down_rows(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, offs_m, offs_n, num_pairs,
                     hidden, stride_om, TOP_K, ATOMIC)
@@ -203,7 +212,7 @@ _MID = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: torch.Tensor,
                 align: Alignment, top_k: int, cfg: GateUpConfig, out_dtype: torch.dtype, *,
-                fp8_out: bool = False) -> torch.Tensor | QuantizedRows:
+                fp8_out: bool = False, swap_ab: bool = False) -> torch.Tensor | QuantizedRows:
     """``act[r] = silu(x W_g^T) * (x W_u^T)`` per aligned row with fp8 block-scaled GEMMs.
 
     Args:
@@ -217,6 +226,9 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
         fp8_out: write ``act`` already quantized (needs ``cfg.block_n == 128`` and not
             ``paired``: one tile is one group of each row); the values are rounded to
             ``out_dtype`` first, so the codes equal quantizing the ``out_dtype`` result.
+        swap_ab: compute ``W x^T`` (``ExpertsConfig.swap_ab``; ``direct_tiles.py``; not with
+            ``paired``): at ``block_m`` 16/32 a ``block_n`` of 64 or more then runs e4m3
+            wgmmas on sm90.
 
     Returns ``act [max_blocks*BM, I]`` in ``out_dtype``, or as :class:`QuantizedRows` with
     ``fp8_out``; rows in aligned order (rows of unused blocks unwritten). One launch;
@@ -237,6 +249,9 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
                          "the activation dtype; quantize it with quantize_rows_fp8")
     if fp8_out and cfg.block_n != GROUP:
         raise ValueError(f"fp8_out needs cfg.block_n == {GROUP}, got {cfg.block_n}")
+    if swap_ab and cfg.paired:
+        raise ValueError("swap_ab with a paired gate/up tile: the paired kernel has one "
+                         "product form; use an unpaired tile")
     rows = align.max_blocks * align.block_m
     if cfg.paired:
         return gate_up_paired(xd, xs, a_fp8, w13, w13_scale, align, top_k, cfg, out_dtype)
@@ -252,9 +267,9 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
         align.num_pairs, inter, h, align.max_blocks,
         xd.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0),
         w13_scale.stride(1), out.stride(0), scale.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, A_FP8, OUT_FP8, MID, EPS, QMAX
+        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, A_FP8, OUT_FP8, MID, EPS, QMAX, SWAP_AB
         top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, a_fp8, fp8_out,
-        _MID[out_dtype], AMAX_EPS, FP8_MAX,
+        _MID[out_dtype], AMAX_EPS, FP8_MAX, swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return QuantizedRows(data=out, scale=scale, group=GROUP) if fp8_out else out
@@ -263,7 +278,7 @@ def gate_up_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w13_scale: t
 def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torch.Tensor,
              align: Alignment, topk_weights: torch.Tensor, top_k: int, cfg: DownConfig, *,
              out_dtype: torch.dtype | None = None,
-             atomic_out: torch.Tensor | None = None) -> torch.Tensor:
+             atomic_out: torch.Tensor | None = None, swap_ab: bool = False) -> torch.Tensor:
     """Weighted fp8 down projection of the aligned rows.
 
     Args:
@@ -277,6 +292,7 @@ def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torc
         out_dtype: dtype of the per-pair rows (default ``act.dtype``; required for
             :class:`QuantizedRows` without ``atomic_out``).
         atomic_out: a zeroed fp32 ``[M, H]`` accumulator; else new ``[M*K, H]`` rows.
+        swap_ab: compute ``W x^T`` (``ExpertsConfig.swap_ab``; ``direct_tiles.py``).
 
     Returns ``atomic_out`` or ``y [M*K, H]``. One launch; current stream; no host sync.
     """
@@ -313,9 +329,9 @@ def down_fp8(act: torch.Tensor | QuantizedRows, w2: torch.Tensor, w2_scale: torc
         align.num_pairs, h, inter, align.max_blocks,
         ad.stride(0), asc.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0),
         w2_scale.stride(1), dst.stride(0),
-        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, SPLIT_K, ATOMIC, A_FP8, EPS, QMAX
+        # TOP_K, BLOCK_M, BLOCK_N, G, GROUP_M, SPLIT_K, ATOMIC, A_FP8, EPS, QMAX, SWAP_AB
         top_k, align.block_m, cfg.block_n, GROUP, cfg.group_m, split, atomic_out is not None,
-        a_fp8, AMAX_EPS, FP8_MAX,
+        a_fp8, AMAX_EPS, FP8_MAX, swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return dst
@@ -385,11 +401,13 @@ def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torc
     f8 = fp8_intermediate(cfg.block_m, cfg.gate_up)
     paired = cfg.gate_up.paired
     act = gate_up_fp8(x, w13, w13_scale, align, k, cfg.gate_up, out_dtype,
-                      fp8_out=f8 and not paired)
+                      fp8_out=f8 and not paired, swap_ab=cfg.swap_ab)
     if f8 and paired:  # the paired tile writes out_dtype: quantize it in one launch
         act = quantize_rows_fp8(act)
     if atomic:
-        down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, atomic_out=acc)
+        down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, atomic_out=acc,
+                 swap_ab=cfg.swap_ab)
         return acc if out_dtype == torch.float32 else acc.to(out_dtype)
-    y = down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, out_dtype=out_dtype)
+    y = down_fp8(act, w2, w2_scale, align, topk_weights, k, cfg.down, out_dtype=out_dtype,
+                 swap_ab=cfg.swap_ab)
     return moe_sum(y, topk_ids, s)

@@ -188,7 +188,7 @@ _LAUNCH = FastLauncher(_gate_up_kernel)
 # ---------------------------------------------------------------- launcher
 def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
             cfg: GateUpConfig, out: torch.Tensor | None = None,
-            shared: FusedShared | None = None) -> torch.Tensor:
+            shared: FusedShared | None = None, swap_ab: bool = False) -> torch.Tensor:
     """``act[r] = silu(x[tok(r)] @ W_gate[e]^T) * (x[tok(r)] @ W_up[e]^T)`` per aligned row.
 
     Args:
@@ -200,6 +200,8 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
         out: optional ``[max_blocks*BM, I]`` buffer (tests poison it).
         shared: the fused shared expert (slots ``S..S+n-1``; ``align`` built with ``S + n``
             slots).
+        swap_ab: compute ``W x^T`` (``ExpertsConfig.swap_ab``; ``direct_tiles.py``): at
+            ``block_m`` 16/32 a ``block_n`` of 64 or more then runs wgmmas on sm90.
 
     Returns: ``act [max_blocks*BM, I]`` x.dtype, rows in aligned order; rows of blocks past
     ``num_post`` are not written. One launch; current stream; no host sync.
@@ -232,7 +234,7 @@ def gate_up(x: torch.Tensor, w13: torch.Tensor, align: Alignment, top_k: int,
         # TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION, SHARED, DIRECT, ZBLOCK,
         # SWAP_AB
         top_k, align.block_m, cfg.block_n, cfg.block_k, cfg.group_m, h % cfg.block_k == 0,
-        dot_precision(x.dtype), mode, 0, 0, False,
+        dot_precision(x.dtype), mode, 0, 0, swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -360,23 +360,35 @@ def run_points(points, *, device, dtype, ceilings, budget_s: float,
             if us < best[0]:
                 best[:] = [us, cfg]
 
-        for cs in pt.candidate_sets:
-            best_gu_us, best_gu = float("inf"), None
-            for g in cs.gate_ups:
+        def time_gate_ups(cs, tiles, swap: bool, calls=calls):
+            """Time each gate/up tile of ``tiles`` alone (``swap``: its ``W x^T`` form): a
+            row each; returns the fastest, or None where every one failed."""
+            best_us, best_g = float("inf"), None
+            for g in tiles:
+                tag = f"gate_up m{cs.label}{' swap' if swap else ''}"
                 try:
-                    us = per_call_us(calls.gate_up_fns(cs.block_m, g))
+                    us = per_call_us(calls.gate_up_fns(cs.block_m, g, swap_ab=swap))
                 except Exception as e:  # noqa: BLE001 -- a failing candidate is skipped
-                    rows.append((f"gate_up m{cs.label} {g}", float("nan"), repr(e)[:80]))
+                    rows.append((f"{tag} {g}", float("nan"), repr(e)[:80]))
                     continue
-                rows.append((f"gate_up m{cs.label} n{g.block_n}k{g.block_k}g{g.group_m}"
-                             f"w{g.num_warps}s{g.num_stages}", us, ""))
-                if us < best_gu_us:
-                    best_gu_us, best_gu = us, g
-            if best_gu is None:
-                continue
-            for d in cs.downs:
-                time_whole(ExpertsConfig(block_m=cs.block_m, gate_up=best_gu, down=d.down,
-                                         combine=d.combine), "full")
+                rows.append((f"{tag} n{g.block_n}k{g.block_k}g{g.group_m}w{g.num_warps}"
+                             f"s{g.num_stages}", us, ""))
+                if us < best_us:
+                    best_us, best_g = us, g
+            return best_g
+
+        for cs in pt.candidate_sets:
+            best_gu = time_gate_ups(cs, cs.gate_ups, False)
+            if best_gu is not None:
+                for d in cs.downs:
+                    time_whole(ExpertsConfig(block_m=cs.block_m, gate_up=best_gu, down=d.down,
+                                             combine=d.combine), "full")
+            # swap_ab (W x^T; tune_direct.swap_eligible): the qualifying gate/up tiles in that
+            # form alone, then the best with each qualifying down tile as whole calls
+            swap_gu = time_gate_ups(cs, cs.swap_gate_ups, True) if cs.swap_downs else None
+            for d in cs.swap_downs if swap_gu is not None else ():
+                time_whole(ExpertsConfig(block_m=cs.block_m, gate_up=swap_gu, down=d.down,
+                                         combine=d.combine, swap_ab=True), "full, swap")
         for cfg in pt.persistent:  # whole calls: their gate/up is not the grouped kernel
             time_whole(cfg, f"full, {cfg.kernel}")
         for cfg in pt.direct:  # whole calls: no alignment, their own two kernels

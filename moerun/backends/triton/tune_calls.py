@@ -68,15 +68,16 @@ class FloatCalls:
                                      for c in self.cases]
         return self._aligns[block_m]
 
-    def gate_up_fns(self, block_m: int, cfg) -> list[Fn]:
-        """The gate/up kernel alone with tile ``cfg`` on ``block_m``'s alignments.
+    def gate_up_fns(self, block_m: int, cfg, swap_ab: bool = False) -> list[Fn]:
+        """The gate/up kernel alone with tile ``cfg`` (``swap_ab``: its ``W x^T`` form) on
+        ``block_m``'s alignments.
 
         The first call per ``block_m`` aligns every case (launches on the current stream,
         cached); each returned closure launches on the current stream. No host sync."""
         from moerun.backends.triton.gate_up import gate_up
 
         w13, k = self.weights.w13, self.shape.top_k
-        return [lambda c=c, a=a: gate_up(c.x, w13, a, k, cfg)
+        return [lambda c=c, a=a: gate_up(c.x, w13, a, k, cfg, swap_ab=swap_ab)
                 for c, a in zip(self.cases, self._aligned(block_m))]
 
     def whole_fns(self, bucket: int, cfg) -> list[Fn]:
@@ -119,11 +120,11 @@ class Fp8Calls(FloatCalls):
             raise ValueError("the fp8 floor needs fp8_rate (FLOP/s of the fp8 GEMM)")
         return fp8_floor(self.shape, len(self.cases[0].x), experts_hit, ceilings, fp8_rate)
 
-    def gate_up_fns(self, block_m: int, cfg) -> list[Fn]:
-        """``gate_up_fp8`` alone on the quantized rows, writing the intermediate in the form
-        the whole call would (``fp8_intermediate`` of ``block_m`` and ``cfg``): a ``paired``
-        tile's stage is its kernel and the intermediate's quantization launch, as in
-        ``fp8.run_experts_fp8``.
+    def gate_up_fns(self, block_m: int, cfg, swap_ab: bool = False) -> list[Fn]:
+        """``gate_up_fp8`` alone on the quantized rows (``swap_ab``: its ``W x^T`` form, not
+        for a ``paired`` tile), writing the intermediate in the form the whole call would
+        (``fp8_intermediate`` of ``block_m`` and ``cfg``): a ``paired`` tile's stage is its
+        kernel and the intermediate's quantization launch, as in ``fp8.run_experts_fp8``.
 
         The first call per ``block_m`` aligns every case (launches on the current stream,
         cached); each returned closure launches on the current stream. No host sync."""
@@ -139,7 +140,8 @@ class Fp8Calls(FloatCalls):
                 return quantize_rows_fp8(out) if f8 else out
         else:
             def stage(q, a):
-                return gate_up_fp8(q, w.w13, w.w13_scale, a, k, cfg, act, fp8_out=f8)
+                return gate_up_fp8(q, w.w13, w.w13_scale, a, k, cfg, act, fp8_out=f8,
+                                   swap_ab=swap_ab)
         return [lambda q=q, a=a: stage(q, a) for q, a in zip(self._rows, self._aligned(block_m))]
 
     def whole_fns(self, bucket: int, cfg) -> list[Fn]:

@@ -1,7 +1,9 @@
 """The direct decode path's tune space (``kernel="direct"``: no alignment, two launches; the
 bf16/fp16 kernels of ``gate_up.py`` / ``down.py`` and the fp8 ones of ``fp8_direct.py``),
-with its ``swap_ab`` copies. ``tune_plan.py`` adds these to the decode points of at most
-:data:`DIRECT_MAX_TOKENS` rows and re-exports them. Pure host code (no triton, no GPU).
+with its ``swap_ab`` copies, and which grouped tiles get a ``swap_ab`` form
+(:func:`swap_eligible`). ``tune_plan.py`` adds the direct configs to the decode points of at
+most :data:`DIRECT_MAX_TOKENS` rows and re-exports these names. Pure host code (no triton,
+no GPU).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from dataclasses import replace
 from moerun.backends.triton.config_types import DownConfig, ExpertsConfig, GateUpConfig
 from moerun.backends.triton.configs import FP8_GROUP
 
-__all__ = ["DIRECT_MAX_TOKENS", "SWAP_MIN_ROWS", "direct_candidates", "fp8_direct_candidates",
-           "swapped"]
+__all__ = ["DIRECT_MAX_TOKENS", "SWAP_MAX_BLOCK_M", "SWAP_MIN_ROWS", "direct_candidates",
+           "fp8_direct_candidates", "swap_eligible", "swapped"]
 
 #: Largest T whose point also times the direct (no-alignment) configs: every (token, j)
 #: pair streams its expert's weights on its own, so past a few tokens the grouped kernels'
@@ -52,6 +54,19 @@ def direct_candidates(tokens: int) -> list[ExpertsConfig]:
 
 #: Fewest weight rows a direct tile needs for ``swap_ab`` to run wgmmas (M = 64 a warp group).
 SWAP_MIN_ROWS = 64
+
+
+#: Largest token tile (``block_m``) of the grouped kernels' ``swap_ab`` form: from 64 rows on
+#: their ``x W^T`` tiles run wgmmas already.
+SWAP_MAX_BLOCK_M = 32
+
+
+def swap_eligible(block_m: int, block_n: int, paired: bool = False) -> bool:
+    """Whether a grouped tile of ``block_n`` weight rows at ``block_m`` token rows gains a
+    ``swap_ab`` form worth timing: the token tile at most :data:`SWAP_MAX_BLOCK_M`, the
+    weight tile at least :data:`SWAP_MIN_ROWS`, not a paired fp8 gate/up tile (one product
+    form only). Pure."""
+    return block_m <= SWAP_MAX_BLOCK_M and block_n >= SWAP_MIN_ROWS and not paired
 
 
 def swapped(configs: list[ExpertsConfig]) -> list[ExpertsConfig]:

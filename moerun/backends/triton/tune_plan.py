@@ -27,14 +27,14 @@ from moerun.backends.triton.configs import (FP8_GROUP, FP8_PREQUANT_BLOCK_M, SME
                                             fp8_tile_fits)
 from moerun.backends.triton.tune_direct import (DIRECT_MAX_TOKENS, SWAP_MIN_ROWS,
                                                  direct_candidates, fp8_direct_candidates,
-                                                 swapped)
+                                                 swap_eligible, swapped)
 from moerun.backends.triton.tune_files import TunedEntry, merge_entries, read_config_data
 from moerun.bench.shapes import BenchShape
 
 __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "CandidateSet",
            "TunePoint", "TunedEntry", "candidates", "persistent_candidates", "direct_candidates",
            "fp8_candidates", "fp8_direct_candidates", "fp8_ws_candidates", "DIRECT_MAX_TOKENS",
-           "SWAP_MIN_ROWS", "swapped",
+           "SWAP_MIN_ROWS", "swap_eligible", "swapped",
            "PERSISTENT_MIN_TPE",
            "FP8_WS_MIN_TPE",
            "check_fp8_shape",
@@ -88,6 +88,26 @@ class CandidateSet:
         return len(self.gate_ups) + len(self.downs)
 
     @property
+    def swap_gate_ups(self) -> tuple[GateUpConfig, ...]:
+        """The gate/up tiles a ``swap_ab`` copy may use (:func:`swap_eligible`)."""
+        return tuple(g for g in self.gate_ups if swap_eligible(self.block_m, g.block_n,
+                                                                 g.paired))
+
+    @property
+    def swap_downs(self) -> tuple[DownChoice, ...]:
+        """The down tiles timed again with ``swap_ab`` (with the best of
+        :attr:`swap_gate_ups`), none where no gate/up tile qualifies."""
+        if not self.swap_gate_ups:
+            return ()
+        return tuple(d for d in self.downs if swap_eligible(self.block_m, d.down.block_n))
+
+    @property
+    def swap_size(self) -> int:
+        """Timings of the ``swap_ab`` forms: each qualifying gate/up tile alone and each
+        qualifying down tile as a whole call (0 where either list is empty)."""
+        return len(self.swap_gate_ups) + len(self.swap_downs) if self.swap_downs else 0
+
+    @property
     def label(self) -> str:
         """``block_m``, with ``f8`` appended for a set with an fp8 intermediate."""
         return f"{self.block_m}f8" if self.fp8_intermediate else str(self.block_m)
@@ -120,10 +140,16 @@ class TunePoint:
     direct: tuple[ExpertsConfig, ...] = ()
 
     @property
+    def swap_configs(self) -> int:
+        """Timings of the grouped sets' ``swap_ab`` forms (:attr:`CandidateSet.swap_size`);
+        like the direct configs, they come on top of :data:`MAX_CONFIGS`."""
+        return sum(c.swap_size for c in self.candidate_sets)
+
+    @property
     def num_configs(self) -> int:
         """Configs timed for this point: every candidate plus the incumbent."""
-        return (sum(c.size for c in self.candidate_sets) + len(self.persistent)
-                + len(self.direct) + 1)
+        return (sum(c.size for c in self.candidate_sets) + self.swap_configs
+                + len(self.persistent) + len(self.direct) + 1)
 
 
 def candidates(num_slots: int, top_k: int, hidden: int, inter: int, tokens: int,
@@ -443,4 +469,10 @@ def compile_configs(point: TunePoint) -> list[ExpertsConfig]:
                               combine=first.combine) for g in cs.gate_ups]
         out += [ExpertsConfig(block_m=cs.block_m, gate_up=cs.gate_ups[0], down=d.down,
                               combine=d.combine) for d in cs.downs]
+        if cs.swap_downs:  # the swap_ab kernels: each tile in its swapped form
+            sg, sd = cs.swap_gate_ups, cs.swap_downs
+            out += [ExpertsConfig(block_m=cs.block_m, gate_up=g, down=sd[0].down,
+                                  combine=sd[0].combine, swap_ab=True) for g in sg]
+            out += [ExpertsConfig(block_m=cs.block_m, gate_up=sg[0], down=d.down,
+                                  combine=d.combine, swap_ab=True) for d in sd]
     return out
