@@ -7,9 +7,10 @@ Prefill points of 2-byte dtypes also time the persistent TMA kernels as whole ca
 (:func:`persistent_candidates`), fp8 points with ``FP8_WS_MIN_TPE`` rows per hit expert or
 more the warp-specialized Gluon kernels (:func:`fp8_ws_candidates`), and decode points of a
 few tokens the two-launch direct path (:func:`direct_candidates`, ``tune_direct.py``,
-re-exported here). Pure host code (no
-triton, no GPU): ``moerun tune --plan`` prints a plan on any machine, and the tests check the
-space and the file round trip on a CPU. Legend: ``S`` local slots (the bench shape's
+re-exported here); sets of 16/32-row tiles also time their ``swap_ab`` forms
+(:attr:`CandidateSet.swap_size`). Pure host code (no triton, no GPU): ``moerun tune --plan``
+prints a plan on any machine, and the tests check the space and the file round trip on a
+CPU. Legend: ``S`` local slots (the bench shape's
 ``num_experts``), ``K`` top-k, ``H`` hidden, ``I`` intermediate, ``T`` rows.
 """
 
@@ -41,7 +42,7 @@ __all__ = ["MAX_CONFIGS", "FP8_MAX_CONFIGS", "NUM_SMS", "FP8", "DownChoice", "Ca
            "plan_points", "point_mode", "read_config_data", "merge_entries", "compile_configs"]
 
 #: Configs timed per point at most (the incumbent included; the direct candidates of a
-#: decode point come on top).
+#: decode point and the swap_ab forms of 16/32-row sets come on top).
 MAX_CONFIGS = 24
 #: Rows per hit expert above which a point is prefill: its grouped space leads with 128-row
 #: tiles and it times the persistent kernels too (also the bound of
