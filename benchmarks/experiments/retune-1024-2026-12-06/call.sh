@@ -4,7 +4,8 @@
 #    the mixtral bf16 rows (flags of run c) on /tmp/new and the tree's files, new/old x2;
 # 2. `moerun tune` into /tmp/tuned, a copy of /tmp/new: bf16 at T=1 and T=1024 of the four
 #    model shapes (the H200 T=1024 entries date from 2026-12-02 and 2026-12-03, before the
-#    tail split; T=1 now offers the swap_ab direct configs), then fp8 at T=1 (swap_ab);
+#    tail split; T=1 now offers the swap_ab direct configs), then fp8 at T=1, 16 and 128
+#    (the swap_ab direct configs and grouped forms, which won every such fp8 point on H100s);
 # 3. the whole bf16 matrix on /tmp/tuned, then the fp8 matrix on it as time allows
 #    (`call-b.sh`, issued on the warm machine right after if the lease allows, runs the bf16
 #    matrices on /tmp/new and /tmp/tuned and the fp8 matrix on both file sets).
@@ -27,7 +28,7 @@ S=mixtral8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3
 timeout 190 python3 -m moerun.cli tune --shapes $S --T 1,1024 --budget-s 160 --out-dir /tmp/tuned \
     > /tmp/runs/tune.txt 2>&1
 echo "tune rc=$? at ${SECONDS}s" | tee -a $OUT/summary.txt
-timeout 70 python3 -m moerun.cli tune --dtype fp8 --shapes $S --T 1 --budget-s 50 \
+timeout 100 python3 -m moerun.cli tune --dtype fp8 --shapes $S --T 1,16,128 --budget-s 80 \
     --out-dir /tmp/tuned > /tmp/runs/tune-fp8.txt 2>&1
 echo "tune fp8 rc=$? at ${SECONDS}s" | tee -a $OUT/summary.txt
 grep -h "^==" /tmp/runs/tune.txt /tmp/runs/tune-fp8.txt | cut -c1-200 | tee -a $OUT/summary.txt
@@ -35,7 +36,7 @@ tar -cf $OUT/tuned.tar -C /tmp/tuned . && rm -rf build/tuned && mkdir -p build &
 export BENCH_TIMEOUT=120
 bench matrix-tuned-1 /tmp/tuned
 date -u +"fp8 start %H:%M:%S" >> $OUT/summary.txt
-if [ $SECONDS -lt 480 ]; then  # the fp8 matrix on the tuned copy (its fp8 T=1 entries)
+if [ $SECONDS -lt 480 ]; then  # the fp8 matrix on the tuned copy (its fp8 T<=128 entries)
   MOERUN_TRITON_CONFIG_DIR=/tmp/tuned timeout $((585 - SECONDS)) python3 -m moerun.cli bench \
       --dtype fp8 --shapes $S --no-progress --out /tmp/runs/fp8-tuned.json \
       > /tmp/runs/fp8-tuned.txt 2>&1
