@@ -5,7 +5,8 @@
 # 2. `moerun tune` into /tmp/tuned, a copy of /tmp/new: bf16 at T=1 and T=1024 of the four
 #    model shapes (the H200 T=1024 entries date from 2026-12-02 and 2026-12-03, before the
 #    tail split; T=1 now offers the swap_ab direct configs), then fp8 at T=1, 16 and 128
-#    (the swap_ab direct configs and grouped forms, which won every such fp8 point on H100s);
+#    (the swap_ab direct configs and grouped forms: chosen at 10 of these 12 fp8 points on an
+#    H100);
 # 3. the whole bf16 matrix on /tmp/tuned, then the fp8 matrix on it as time allows
 #    (`call-b.sh`, issued on the warm machine right after if the lease allows, runs the bf16
 #    matrices on /tmp/new and /tmp/tuned and the fp8 matrix on both file sets).
