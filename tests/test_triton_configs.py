@@ -435,6 +435,9 @@ def test_fp8_plan_points_counts_and_files(tmp_path, capsys):
     files = [ln.rsplit("file=", 1)[1] for ln in out.splitlines() if ln.startswith("point ")]
     assert files == [str(tmp_path / MIXTRAL_FP8)] * 5 + [str(tmp_path / EP8_FP8)] * 4
     assert f'incumbent="tuned ({EP8_FP8})"' in out.splitlines()[5]
+    # the swap_ab timings of each point's 16/32-row sets (4 gate/up tiles alone, 6 downs)
+    assert [ln.split()[10] for ln in out.splitlines()[:9]] == ["swap=10", "swap=10", "swap=10"] \
+        + ["swap=0"] * 2 + ["swap=10"] + ["swap=0"] * 3
     assert all('incumbent="heuristic"' in ln for ln in out.splitlines()[:5])
     assert out.splitlines()[-1] == f"plan: 9 points, {44 + 23 + 2 * 47 + 5 * 49} configs to time"
     # the points carry the fp8 heuristic as the incumbent where no file has the bucket

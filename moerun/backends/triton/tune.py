@@ -180,6 +180,7 @@ def _print_plan(points, out_dir: Path, out) -> None:
               f"S={pt.shape.num_experts} configs={pt.num_configs} "
               f"block_m={','.join(c.label for c in pt.candidate_sets)} "
               f"persistent={len(pt.persistent)} direct={len(pt.direct)} "
+              f"swap={pt.swap_configs} "
               f"incumbent=\"{pt.incumbent_source}\" file={out_dir / pt.file_name}", file=out)
     print(f"plan: {len(points)} points, {total} configs to time", file=out)
 
