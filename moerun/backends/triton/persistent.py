@@ -64,6 +64,7 @@ from moerun._triton.launch import FastLauncher, cdiv
 from moerun._triton.gdc import pdl_prologue
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import DownConfig, GateUpConfig
+from moerun.backends.triton.down_tiles import store_down_rows
 from moerun.backends.triton.gate_up import dot_precision, grouped_pid
 from moerun.backends.triton.gather import gather_rows
 from moerun.backends.triton.tail_split import (
@@ -250,17 +251,11 @@ def _down_tile(a_desc, w_desc, expert_ids_ptr, tile, k_lo, k_hi, used_blocks, nu
 @triton.jit
 def _down_store(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0, n0, num_pairs, hidden,
                 stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The down epilogue: ``acc`` times each row's routing weight, stored as the rows of its
-    pairs (``y[pair, n0:]``). Device code (inlined): a scattered masked store."""
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    w = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-    acc = acc * w[:, None]
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    dst = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_n < hidden)[None, :])
+    """The down epilogue of the tile at ``(row0, n0)``: the grouped kernels' per-pair form
+    (``down_tiles.store_down_rows``: ``acc`` times each row's routing weight, stored as the
+    rows of its pairs). Device code (inlined): a scattered masked store."""
+    store_down_rows(acc, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0 + tl.arange(0, BLOCK_M),
+                    n0 + tl.arange(0, BLOCK_N), num_pairs, hidden, stride_om, 1, False)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_rows", "num_slots", "num_programs"])
