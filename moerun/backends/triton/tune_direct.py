@@ -71,12 +71,13 @@ def swap_eligible(block_m: int, block_n: int, paired: bool = False) -> bool:
 
 def swapped(configs: list[ExpertsConfig]) -> list[ExpertsConfig]:
     """``configs`` followed by the ``swap_ab=True`` copies of those whose gate/up and down
-    tiles both have at least :data:`SWAP_MIN_ROWS` weight rows (a narrower tile's ``W x^T``
-    still runs ``mma.sync``, with more conversions than ``x W^T`` in the sm90 build of the
-    fp8 gate/up: ``benchmarks/experiments/fp8-swap-2026-12-06/compile_swap.py``). Pure; host
-    only."""
+    tiles both qualify (:func:`swap_eligible`: at least :data:`SWAP_MIN_ROWS` weight rows; a
+    narrower tile's ``W x^T`` still runs ``mma.sync``, with more conversions than ``x W^T``
+    in the sm90 build of the fp8 gate/up:
+    ``benchmarks/experiments/fp8-swap-2026-12-06/compile_swap.py``). Pure; host only."""
     return configs + [replace(c, swap_ab=True) for c in configs
-                      if min(c.gate_up.block_n, c.down.block_n) >= SWAP_MIN_ROWS]
+                      if swap_eligible(c.block_m, c.gate_up.block_n, c.gate_up.paired)
+                      and swap_eligible(c.block_m, c.down.block_n)]
 
 
 def fp8_direct_candidates(tokens: int) -> list[ExpertsConfig]:
