@@ -3,12 +3,7 @@
 # the split-K emulation probe (probe.py; fp8 at the four T=1 model cells, then bf16 at
 # qwen3-30b and qwen3-235b), under a time limit, its JSON written after every cell.
 set -u
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-if [[ "$NAME" == *H200* ]]; then
-  exec bash benchmarks/experiments/retune-1024-2026-12-06/call.sh
-fi
-echo "card: $NAME" | tee $OUT/summary.txt
+source benchmarks/experiments/retune-1024-2026-12-06/h200_first.sh  # H200: call.sh
 D=benchmarks/experiments/decode-splitk-2026-12-06
 timeout -k 10 ${LIMIT:-380} python3 $D/probe.py --out $OUT/probe-fp8.json --dtypes fp8 \
     > $OUT/log-fp8.txt 2>&1

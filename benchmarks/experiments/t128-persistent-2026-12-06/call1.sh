@@ -2,12 +2,7 @@
 # On an H200: the prepared H200 call (../retune-1024-2026-12-06/call.sh). Elsewhere: probe.py
 # (mixtral T=128 bf16 with persistent configs against the card's shipped entry), twice.
 set -u
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-if [[ "$NAME" == *H200* ]]; then
-  exec bash benchmarks/experiments/retune-1024-2026-12-06/call.sh
-fi
-echo "card: $NAME" | tee $OUT/summary.txt
+source benchmarks/experiments/retune-1024-2026-12-06/h200_first.sh  # H200: call.sh
 D=benchmarks/experiments/t128-persistent-2026-12-06
 for r in 1 2; do
   timeout -k 10 200 python3 $D/probe.py --out $OUT/probe-$r.json > $OUT/probe-$r.txt 2>&1
