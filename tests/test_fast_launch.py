@@ -102,3 +102,54 @@ def test_prepared_launch_arguments_pass_tensors_as_their_pointers():
     key, launch = _prep_function(args, (1, 1, 1, 0))(args)
     assert launch == (t.data_ptr(), 5, 3.0, "ieee")
     assert "ieee" in key and torch.float32 in key
+
+
+def _descs() -> list:
+    """Gluon TMA descriptors that differ in what Triton specialises on (base dtype, block
+    shape, shared layout) and in what it does not (base pointer, shape, strides)."""
+    gl = pytest.importorskip("triton.experimental.gluon.language")
+    hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    f8 = torch.float8_e4m3fn
+    a = torch.empty(256, 512, dtype=torch.uint8).view(f8)
+    b = torch.empty(512, 1024, dtype=torch.uint8).view(f8)
+    h = torch.empty(256, 512, dtype=torch.bfloat16)
+
+    def desc(t, block, dtype, swizzle=None):
+        lay = gl.NVMMASharedLayout.get_default_for(block, dtype) if swizzle is None else \
+            gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8, rank=2)
+        return hopper.TensorDescriptor.from_tensor(t, block, lay)
+
+    return [desc(a, [64, 128], gl.float8e4nv), desc(a[64:], [64, 128], gl.float8e4nv),
+            desc(b, [64, 128], gl.float8e4nv), desc(a, [128, 128], gl.float8e4nv),
+            desc(a, [64, 64], gl.float8e4nv), desc(a, [64, 128], gl.float8e4nv, swizzle=64),
+            desc(h, [64, 64], gl.bfloat16), desc(h[64:], [64, 64], gl.bfloat16)]
+
+
+def test_descriptor_keys_separate_exactly_what_triton_specialises():
+    # a Gluon kernel's TMA descriptor argument: equal keys <=> equal specialisation, in both
+    # the generic key and the generated one (which also passes the descriptor through)
+    from moerun._triton.launch import _prep_function
+
+    descs = _descs()
+    equal_pairs = 0
+    for a, b in itertools.combinations(descs, 2):
+        same_native = _native(a, 1) == _native(b, 1)
+        same_key = specialization_key((a,), (1,)) == specialization_key((b,), (1,))
+        fn = _prep_function((a,), (1,))
+        assert same_key == same_native, (a.block_shape, b.block_shape)
+        assert (fn((a,))[0] == fn((b,))[0]) == same_native
+        equal_pairs += same_native
+    assert equal_pairs == 4  # other base or shape, same box and layout: fp8 3, bf16 1
+    key, launch = _prep_function((descs[0], 7), (1, 1))((descs[0], 7))
+    assert launch[0] is descs[0] and launch[1] == 7
+
+
+def test_a_launch_program_refuses_a_descriptor_argument():
+    from moerun._triton.program import Recording
+
+    class _Launcher:
+        _interpret = False
+
+    rec = Recording()
+    rec.launch(_Launcher(), (1,), (_descs()[0], 3), 4, None)
+    assert rec.refused == "a launch with a TMA descriptor argument" and not rec.events

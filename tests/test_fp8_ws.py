@@ -63,8 +63,9 @@ def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
     the EP-local files the buckets from 2048 rows on, but qwen3-235b-ep8-local's T=2048 (a
     grouped entry won there). H100 (tuned 2026-12-05 16:20 UTC; deepseek-v3 T=8192 and
     mixtral T=1024 again at 18:15 UTC, with the padding halves computed): every T=8192
-    bucket, mixtral's T=1024 and the same EP-local buckets; the T=1024 buckets of the
-    E=128/256 shapes kept grouped 64-row entries. T=32768 falls in
+    bucket, mixtral's T=1024 and the same EP-local buckets, and since 2026-12-06 (the Gluon
+    kernels behind FastLauncher, re-tuned) qwen3-235b-ep8-local's T=2048 too; the T=1024
+    buckets of the E=128/256 shapes kept grouped 64-row entries. T=32768 falls in
     bucket 16384."""
     from moerun.backends.triton.configs import CONFIG_DIR, SMEM_LIMIT, load_config_file
 
@@ -95,7 +96,8 @@ def test_shipped_ws_entries_are_the_compute_bound_fp8_buckets():
             ("qwen3-235b-a22b", 1024): (128, 256), **ep_local}
     h100 = {("deepseek-v3", 8192): (128, 256), ("mixtral8x7b", 8192): (128, 256),
             ("qwen3-235b-a22b", 8192): (128, 256), ("qwen3-30b-a3b", 8192): (128, 256),
-            ("mixtral8x7b", 1024): (128, 256), **ep_local}
+            ("mixtral8x7b", 1024): (128, 256), ("qwen3-235b-ep8-local", 2048): (128, 256),
+            **ep_local}
     assert seen == {**{("NVIDIA H200", *k): v for k, v in h200.items()},
                     **{("NVIDIA H100 80GB HBM3", *k): v for k, v in h100.items()}}
 

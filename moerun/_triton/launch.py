@@ -1,4 +1,5 @@
-"""Launch a ``@triton.jit`` kernel through its cached compiled handle (host cost, issue 8).
+"""Launch a ``@triton.jit`` (or ``@gluon.jit``) kernel through its cached compiled handle (host
+cost, issue 8).
 
 ``kernel[grid](*args)`` re-binds the arguments, re-derives their specialisation, builds a
 cache key (including ``str(options)``), checks the kernel's globals and builds launch
@@ -15,6 +16,9 @@ other assumptions:
   opts out of alignment specialisation);
 * each specialised int: ``== 1`` (Triton turns it into a constexpr), ``% 16 == 0`` and
   whether it needs 64 bits; a ``do_not_specialize`` int only its width;
+* each host-side TMA descriptor's (Gluon's or ``triton.tools``') base dtype, block shape
+  and shared layout (what Triton's ``tensordesc<...>`` type carries; its shape and strides
+  are launch arguments, encoded per launch by the compiled launcher);
 * the current CUDA device.
 
 It falls back to the plain ``kernel[grid](...)`` path under ``TRITON_INTERPRET=1`` (CPU tests)
@@ -71,13 +75,16 @@ def specialization_key(args: tuple[Any, ...], kinds: tuple[int, ...]) -> tuple[A
 
     ``kinds[i]``: 0 constexpr (the value itself), 1 specialised (tensor alignment, int
     ``== 1`` / ``% 16`` / width), 2 do-not-specialise (tensor: dtype only; int: width only),
-    3 specialised value without alignment (tensor: dtype; int: ``== 1`` and width).
+    3 specialised value without alignment (tensor: dtype; int: ``== 1`` and width). A TMA
+    descriptor argument contributes :func:`_desc_key` whatever its kind.
     Pure; host only.
     """
     key = []
     for a, kind in zip(args, kinds):
         if kind == 0:
             key.append(a)
+        elif _is_desc(a):
+            key.append(_desc_key(a))
         elif isinstance(a, torch.Tensor):
             key.append((a.dtype, kind == 1 and a.data_ptr() & 15 == 0))
         elif type(a) is int:
@@ -93,12 +100,26 @@ def specialization_key(args: tuple[Any, ...], kinds: tuple[int, ...]) -> tuple[A
     return tuple(key)
 
 
+def _is_desc(a: Any) -> bool:
+    """Whether ``a`` is a host-side TMA descriptor (``triton.experimental.gluon.nvidia.hopper``
+    or ``triton.tools.tensor_descriptor``'s ``TensorDescriptor``): a tensor ``base`` with a
+    ``block_shape``. Pure."""
+    return hasattr(a, "block_shape") and isinstance(getattr(a, "base", None), torch.Tensor)
+
+
+def _desc_key(a: Any) -> tuple[Any, ...]:
+    """A descriptor's share of the key: its type, base dtype, block shape and (Gluon) shared
+    layout -- what Triton specialises a ``tensordesc`` argument on. Pure."""
+    return (type(a), a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None))
+
+
 def _prep_function(args: tuple[Any, ...], kinds: tuple[int, ...]) -> Callable[..., tuple]:
     """A generated ``prep(args) -> (key, launch_args)`` for calls whose argument types match
     ``args``: ``key`` is :func:`specialization_key` plus every argument's type; in
     ``launch_args`` each tensor is replaced by its ``data_ptr()`` (read once, for the key and
     the launch: given an int, Triton's C launcher skips its per-pointer Python method call and
-    driver query). Several times faster than the generic loop.
+    driver query); a TMA descriptor stays itself (the compiled launcher encodes it) and keys
+    by :func:`_desc_key`. Several times faster than the generic loop.
 
     A call with other types gets a different key (the types are in it) or raises inside the
     function (e.g. ``.data_ptr`` of an int); the launcher then uses the generic path."""
@@ -111,6 +132,10 @@ def _prep_function(args: tuple[Any, ...], kinds: tuple[int, ...]) -> Callable[..
             out.append(v)
             continue
         key.append(f"type({v})")
+        if _is_desc(a):
+            key.append(f"desc_key({v})")
+            out.append(v)
+            continue
         if isinstance(a, torch.Tensor):
             pre.append(f"p{i} = {v}.data_ptr()")
             key.append(f"{v}.dtype")
@@ -127,7 +152,7 @@ def _prep_function(args: tuple[Any, ...], kinds: tuple[int, ...]) -> Callable[..
         out.append(v)
     body = "".join(f"    {line}\n" for line in pre)
     src = f"def prep(a):\n{body}    return ({', '.join(key)},), ({', '.join(out)},)\n"
-    namespace: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"desc_key": _desc_key}
     exec(src, namespace)  # noqa: S102 - generated from the kernel's own parameter list
     return namespace["prep"]
 
@@ -195,7 +220,8 @@ class FastLauncher:
     """``launcher(grid, *args, num_warps=..., num_stages=...)`` == ``kernel[grid](*args, ...)``.
 
     Args:
-        kernel: a ``triton.JITFunction`` (the ``@triton.jit`` object).
+        kernel: a ``triton.JITFunction`` (the ``@triton.jit`` object) or a Gluon kernel
+            (``@gluon.jit``; its TMA descriptor arguments key by :func:`_desc_key`).
 
     ``args`` are *all* the kernel's parameters, positionally, constexprs included -- except
     a trailing ``PDL`` constexpr, which the launcher supplies (module docstring). Side
@@ -297,7 +323,9 @@ class FastLauncher:
              num_stages: int | None) -> Any:
         """``kernel[grid](*args)`` through Triton's own path (compiles on a cache miss);
         ``launch_pdl`` set from a PDL kernel's trailing argument."""
+        kw: dict[str, Any] = {"num_warps": num_warps}
+        if num_stages is not None:  # None: the kernel's default (the Gluon kernels pass none)
+            kw["num_stages"] = num_stages
         if self._pdl and args[-1]:
-            return self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages,
-                                      launch_pdl=True)
-        return self._kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            kw["launch_pdl"] = True
+        return self._kernel[grid](*args, **kw)

@@ -98,6 +98,9 @@ class Recording:
         if launcher._interpret:  # the interpreter: nothing compiled to replay
             self.refused = "a launch under TRITON_INTERPRET=1"
             return
+        if any(_launch._is_desc(a) for a in args):  # its tensor is inside: not remapped
+            self.refused = "a launch with a TMA descriptor argument"
+            return
         dev = torch._C._cuda_getDevice()
         if self.device is None:
             self.device = dev

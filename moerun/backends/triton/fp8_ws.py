@@ -66,6 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from moerun._triton.launch import FastLauncher
 from moerun.backends.triton.config_types import WS_MAX_STAGES
 from moerun.backends.triton.fp8_ws_parts import (
     LOAD_REGS,
@@ -278,6 +279,12 @@ def _down_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr, ws_
     ], [4, 1], [MMA_REGS, LOAD_REGS])
 
 
+#: The promoted kernels' launchers (``moerun._triton.launch``: the compiled handle cached per
+#: specialisation, the TMA descriptors keyed by box and layout).
+_GATE_UP = FastLauncher(_gate_up_kernel)
+_DOWN = FastLauncher(_down_kernel)
+
+
 def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,
                        w13_scale: torch.Tensor, w2_scale: torch.Tensor,
                        topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
@@ -304,10 +311,7 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     from moerun.backends.triton.combine import moe_sum
     from moerun.backends.triton.fp8_checks import check_w2_fp8, check_w13_fp8
     from moerun.backends.triton.fp8_quant import gather_rows_fp8, quantize_rows_fp8
-    from moerun.backends.triton.fp8_ws_carry import (
-        down_carry_kernel,
-        gate_up_carry_kernel,
-    )
+    from moerun.backends.triton.fp8_ws_carry import DOWN_CARRY, GATE_UP_CARRY
 
     if out_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"out_dtype={out_dtype}: the ws fp8 kernels write fp16 or bf16")
@@ -344,14 +348,16 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     if gate_up_cols == 128:  # carried: e4m3 and scales out of the epilogue
         qa = torch.empty(r, inter, device=dev, dtype=FP8_DTYPE)
         qa_s = torch.empty(r, inter // 128, device=dev, dtype=torch.float32)
-        gate_up_carry_kernel[grid](
+        GATE_UP_CARRY(
+            grid,
             tma_desc(g.data, [64, 128]), gu_w, tma_desc(qa, [64, 128]), g.scale, w13_scale, qa_s,
             sid, align.expert_ids, align.num_post, p, inter, h, g.scale.stride(0),
             w13_scale.stride(0), w13_scale.stride(1), qa_s.stride(0), gate_up_stages, group_m,
             1 if out_dtype == torch.float16 else 2, every, num_warps=4)
     else:
         act = torch.empty(r, inter, device=dev, dtype=out_dtype)
-        _gate_up_kernel[grid](
+        _GATE_UP(
+            grid,
             tma_desc(g.data, [64, 128]), gu_w, tma_desc(act, [64, 64]), g.scale, w13_scale, sid,
             align.expert_ids, align.num_post, p, inter, h, g.scale.stride(0),
             w13_scale.stride(0), w13_scale.stride(1), 64, gate_up_stages, group_m, every,
@@ -363,13 +369,15 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     dn_w = tma_desc(w2.view(s * h, inter), [down_cols, 128])
     if down_cols == 256:  # carried; 4 stages leave room for a [64, 128] store buffer only
         split = down_stages > 3
-        down_carry_kernel[grid](
+        DOWN_CARRY(
+            grid,
             a_desc, dn_w, tma_desc(y, [64, 128 if split else 256]), topk_weights, sid, qa_s,
             w2_scale, align.expert_ids, align.num_post, h, inter, qa_s.stride(0),
             w2_scale.stride(0), w2_scale.stride(1), p, down_stages, group_m, split, every,
             num_warps=4)
     else:
-        _down_kernel[grid](
+        _DOWN(
+            grid,
             a_desc, dn_w, tma_desc(y, [64, 128]), topk_weights, sid, qa_s, w2_scale,
             align.expert_ids, align.num_post, h, inter, qa_s.stride(0), w2_scale.stride(0),
             w2_scale.stride(1), p, 128, down_stages, group_m, every, num_warps=4)

@@ -52,9 +52,12 @@ from moerun.backends.triton.fp8_ws_parts import (
     stage_ring,
     tile_of,
 )
+from moerun._triton.launch import FastLauncher
 from moerun.quant import AMAX_EPS, FP8_MAX
 
 __all__ = [
+    "DOWN_CARRY",
+    "GATE_UP_CARRY",
     "SCALE_FLOOR",
     "down_carry_kernel",
     "gate_up_carry_kernel",
@@ -275,3 +278,9 @@ def down_carry_kernel(a_desc, b_desc, c_desc, topk_w_ptr, sorted_ids_ptr, as_ptr
                   expert_ids_ptr, num_post_ptr, num_pairs, grid_n, k_tiles, hidden, 0, BN,
                   STAGES, GROUP_M, GU)),
     ], [4, 1], [MMA_REGS, LOAD_REGS])
+
+
+#: The two kernels' launchers (``moerun._triton.launch``: the compiled handle cached per
+#: specialisation, the TMA descriptors keyed by box and layout).
+GATE_UP_CARRY = FastLauncher(gate_up_carry_kernel)
+DOWN_CARRY = FastLauncher(down_carry_kernel)
