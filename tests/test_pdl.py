@@ -125,6 +125,34 @@ def test_a_plain_kernel_gets_no_argument_and_no_option(fake_cuda, monkeypatch):
     assert len(args) == 3 and "launch_pdl" not in kw
 
 
+def test_the_first_launch_passes_num_stages_only_when_given(fake_cuda):
+    # a Gluon kernel takes no num_stages: None is left out (Triton's option parsing drops a
+    # None anyway), a value is passed through
+    fast, calls = fake_cuda(_plain_kernel)
+    x = torch.empty(4)
+    fast((1,), x, 3, 16)
+    fast((1,), x, 3, 32, num_stages=3)
+    assert "num_stages" not in calls[0][2] and calls[1][2]["num_stages"] == 3
+
+
+def test_a_descriptor_argument_is_passed_through_and_keyed_by_its_box(fake_cuda):
+    hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    gl = pytest.importorskip("triton.experimental.gluon.language")
+    t = torch.empty(256, 256, dtype=torch.bfloat16)
+
+    def desc(base, block):
+        return hopper.TensorDescriptor.from_tensor(
+            base, block, gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16))
+
+    fast, calls = fake_cuda(_plain_kernel)
+    a, b, c = desc(t, [64, 64]), desc(t[64:], [64, 64]), desc(t, [128, 64])
+    fast((1,), a, 3, 16)  # compiles (jit)
+    fast((1,), b, 3, 16)  # same box and layout, other base: the cached handle, b itself
+    fast((1,), c, 3, 16)  # another box: another specialisation
+    assert [k[0] for k in calls] == ["jit", "run", "jit"]
+    assert calls[1][1][-3] is b and len(fast._cache) == 2
+
+
 def test_under_the_interpreter_the_argument_is_false(monkeypatch):
     calls: list = []
     fast = FastLauncher(_JitRecorder(_pdl_kernel, calls))
