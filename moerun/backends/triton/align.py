@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
+from moerun._triton.device import sm_count
 from moerun._triton.launch import FastLauncher, cdiv, next_pow2
 from moerun._triton.gdc import pdl_prologue
 
@@ -60,7 +61,6 @@ SINGLE_WARPS = 16
 GRID_WARPS = 4
 _USE_HISTOGRAM = [True]  # flipped once if tl.histogram fails to compile for this target
 _LOG = logging.getLogger(__name__)
-_NUM_SMS: dict = {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,10 +102,7 @@ def align_programs(num_pairs: int, device: torch.device) -> int:
         return 1
     if device.type != "cuda":
         return 1
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_SMS:
-        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return max(2, min(_NUM_SMS[idx], cdiv(num_pairs, GRID_CHUNK)))
+    return max(2, min(sm_count(device), cdiv(num_pairs, GRID_CHUNK)))
 
 
 # ---------------------------------------------------------------- kernels

@@ -33,14 +33,13 @@ No host sync, current stream, capturable (the alignment and combine are the bf16
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
 from moerun._triton.launch import FastLauncher, cdiv
+from moerun._triton.device import capability_major
 from moerun._triton.gdc import pdl_prologue
 from moerun.backends.triton.align import Alignment
 from moerun.backends.triton.configs import (
@@ -351,15 +350,7 @@ def _ws_supported(device: torch.device) -> bool:
     """``kernel="ws"`` runs the Gluon kernels of ``fp8_ws.py`` here (CUDA compute capability
     9.x; contiguous weights and scales, checked by the caller), else the grouped ones with the
     same tiles. Host only; imports no Gluon."""
-    return device.type == "cuda" and _major(device.index if device.index is not None
-                                            else torch.cuda.current_device()) == 9
-
-
-@functools.cache
-def _major(index: int) -> int:
-    """CUDA device ``index``'s compute capability major, cached (a properties query costs
-    about 12 µs of host time a call). Host only."""
-    return torch.cuda.get_device_capability(index)[0]
+    return device.type == "cuda" and capability_major(device) == 9
 
 
 def run_experts_fp8(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: torch.Tensor,

@@ -66,6 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from moerun._triton.device import sm_count
 from moerun._triton.launch import FastLauncher
 from moerun.backends.triton.config_types import WS_MAX_STAGES
 from moerun.backends.triton.fp8_ws_parts import (
@@ -74,7 +75,6 @@ from moerun.backends.triton.fp8_ws_parts import (
     half_runs,
     loader,
     skip_steps,
-    sm_count,
     stage_ring,
     tile_of,
     tma_desc,
@@ -343,7 +343,7 @@ def run_experts_fp8_ws(x: torch.Tensor | QuantizedRows, w13: torch.Tensor, w2: t
     g, pair_rows = gathered.rows, gathered.pair_rows
     r = sid.numel()
     every = not skip_padding
-    grid = (sm_count(dev.index if dev.index is not None else torch.cuda.current_device()),)
+    grid = (sm_count(dev),)
     gu_w = tma_desc(w13.view(s * two_i, h), [gate_up_cols, 128])
     if gate_up_cols == 128:  # carried: e4m3 and scales out of the epilogue
         qa = torch.empty(r, inter, device=dev, dtype=FP8_DTYPE)

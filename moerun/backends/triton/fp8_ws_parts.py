@@ -17,7 +17,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["LOAD_REGS", "MMA_REGS", "half_runs", "loader", "skip_steps", "sm_count",
+__all__ = ["LOAD_REGS", "MMA_REGS", "half_runs", "loader", "skip_steps",
            "stage_ring", "tile_of", "tma_desc"]
 
 #: Registers per consumer thread (setmaxnreg) and per loader thread.
@@ -147,10 +147,3 @@ def tma_desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     kernels by value."""
     return TensorDescriptor.from_tensor(t, block, _smem_layout(tuple(block), t.dtype))
 
-
-@functools.cache
-def sm_count(index: int) -> int:
-    """SMs of CUDA device ``index`` (the persistent grid), cached.
-
-    Host only: a device-properties query, no device work, no sync."""
-    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from moerun._triton.compat import patch_interpreter
+from moerun._triton.device import sm_count
 from moerun._triton.launch import FastLauncher, cdiv
 from moerun._triton.gdc import pdl_prologue
 from moerun.backends.triton.align import Alignment
@@ -90,9 +91,6 @@ __all__ = [
 
 log = logging.getLogger("moerun")
 
-# ---------------------------------------------------------------- constants / config
-_NUM_SMS: dict = {}
-
 
 def persistent_programs(max_tiles: int, device: torch.device, programs: int = 0) -> int:
     """Programs of one persistent launch: ``programs`` if given (tests force a tiny count),
@@ -105,10 +103,7 @@ def persistent_programs(max_tiles: int, device: torch.device, programs: int = 0)
         if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
             programs = 4
         else:
-            idx = device.index if device.index is not None else torch.cuda.current_device()
-            if idx not in _NUM_SMS:
-                _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-            programs = _NUM_SMS[idx]
+            programs = sm_count(device)
     return max(1, min(programs, max_tiles))
 
 
