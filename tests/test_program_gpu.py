@@ -128,6 +128,105 @@ def test_replayed_experts_capture_in_a_graph():
     assert rel_err(out.float().cpu(), eager.double().cpu()) < TOL_ATOMIC
 
 
+_FP8_CASES = {  # name: (tokens, ExpertsConfig kwargs, launches in the program)
+    "direct-reduce": (1, dict(block_m=16, kernel="direct", combine="reduce",
+                              gate_up=dict(block_n=64), down=dict(block_n=64)), 2),
+    "direct-atomic": (3, dict(block_m=16, kernel="direct", combine="atomic",
+                              gate_up=dict(block_n=128), down=dict(block_n=64)), 2),
+    "m16-atomic-splitk": (9, dict(block_m=16, combine="atomic", gate_up=dict(block_n=64),
+                                  down=dict(block_n=64, split_k=2)), 3),
+    "m64-reduce-fp8-act": (40, dict(block_m=64, combine="reduce",
+                                    gate_up=dict(block_n=128, num_warps=8),
+                                    down=dict(block_n=128)), 4),
+    "m64-paired": (40, dict(block_m=64, combine="reduce",
+                            gate_up=dict(block_n=128, paired=True), down=dict(block_n=128)), 5),
+    "ws": (60, dict(block_m=128, kernel="ws", combine="reduce",
+                    gate_up=dict(block_n=128, group_m=8, num_stages=4),
+                    down=dict(block_n=256, group_m=8, num_stages=3)), None),
+}
+
+
+@pytest.mark.parametrize("name", list(_FP8_CASES))
+def test_replayed_fp8_experts_equal_the_plain_call(name):
+    """The fp8 call (quantized rows, as the layer hands them) replays a launch program from
+    its third call; on fresh rows and routings of the recorded shape it equals the plain
+    call (bit for bit without atomics) and DESIGN 11a's reference. A ``ws`` config builds
+    TMA descriptors per launch, so it never records (plain path, no cache entry)."""
+    from moerun import QuantConfig
+    from moerun.backends.triton import TritonExperts
+    from moerun.backends.triton.configs import (
+        ConfigTable,
+        DownConfig,
+        ExpertsConfig,
+        GateUpConfig,
+        bucket_of,
+    )
+    from moerun.env import get_env
+    from moerun.quant import (
+        ExpertQuant,
+        quantize_rows,
+        quantize_weight_blocks,
+        reference_fp8_moe,
+    )
+
+    if name == "ws" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the ws kernels are sm90 only")
+    t, kw, launches = _FP8_CASES[name]
+    kw = dict(kw)
+    cfg = ExpertsConfig(gate_up=GateUpConfig(block_k=128, **kw.pop("gate_up")),
+                        down=DownConfig(block_k=128, **kw.pop("down")), **kw)
+    e, k, h, i = 16, 4, 512, 256
+    g = torch.Generator().manual_seed(len(name))
+    w13, s13 = quantize_weight_blocks(torch.randn(e, 2 * i, h, generator=g) * h ** -0.5)
+    w2, s2 = quantize_weight_blocks(torch.randn(e, h, i, generator=g) * i ** -0.5)
+    w13, s13, w2, s2 = (v.cuda() for v in (w13, s13, w2, s2))
+    quant = ExpertQuant(config=QuantConfig(), w13_scale=s13, w2_scale=s2,
+                        out_dtype=torch.bfloat16)
+    backend = TritonExperts(configs=ConfigTable(device_name=get_env().device_name,
+                                                overrides={bucket_of(t): cfg}))
+
+    def inputs():
+        x, w, ids = _inputs(g, t, e, k, h, i, torch.bfloat16)
+        return quantize_rows(x), w, ids
+
+    for _ in range(2):  # the second call records
+        q, w, ids = inputs()
+        backend.run_experts(q, w13, w2, w, ids, quant=quant)
+    if launches is None:
+        assert len(backend._programs) == 0
+    else:
+        (program,) = backend._programs._entries.values()
+        assert program is not None, "the fp8 call was refused a program"
+        assert program.num_launches == launches
+    for _ in range(3):  # fresh inputs of the recorded shape
+        q, w, ids = inputs()
+        replay = backend.run_experts(q, w13, w2, w, ids, quant=quant)
+        plain = backend._run_plain(q, w13, w2, w, ids, None, quant)
+        torch.cuda.synchronize()
+        assert replay.dtype == torch.bfloat16 and replay.shape == (t, h)
+        if cfg.combine == "atomic":
+            assert rel_err(replay.float().cpu(), plain.double().cpu()) < TOL_ATOMIC
+        else:
+            assert torch.equal(replay, plain)
+        ref = reference_fp8_moe(q, w13, s13, w2, s2, w, ids, QuantConfig(),
+                                out_dtype=torch.bfloat16)
+        assert rel_err(replay.float().cpu(), ref.double().cpu()) < 1e-2
+    assert len(backend._programs) == (0 if launches is None else 1)
+    # a graph captured on the recorded shape replays the program's work on the new inputs
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = backend.run_experts(q, w13, w2, w, ids, quant=quant)
+    fresh = inputs()
+    for dst, src in ((q.data, fresh[0].data), (q.scale, fresh[0].scale), (w, fresh[1]),
+                     (ids, fresh[2])):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference_fp8_moe(fresh[0], w13, s13, w2, s2, fresh[1], fresh[2], QuantConfig(),
+                            out_dtype=torch.bfloat16)
+    assert rel_err(captured.float().cpu(), ref.double().cpu()) < 1e-2
+
+
 @pytest.mark.parametrize("method,e,k,bias", [("softmax_topk", 128, 8, False),
                                              ("noaux_tc", 256, 8, True)])
 @pytest.mark.parametrize("t,valid", [(1, 1), (300, 290)])

@@ -256,12 +256,17 @@ class TritonExperts(Backend):
         GEMMs read the shared slots from the shared expert's own tensors; the tile config is
         the routed shape's (its ``K``), so tuned files keep applying.
 
-        On CUDA, a bf16/fp16/fp32 call without ``shared``/``quant`` replays a launch program
-        (``moerun._triton.program``) from the third call of its shape on (recorded at the
-        second): the same allocations and launches with the argument checks and size
-        arithmetic done once."""
-        if quant is None and shared is None and x.is_cuda:
-            out = self._replay(x, w13, w2, topk_weights, topk_ids)
+        On CUDA, a call without ``shared`` (with ``quant``: on quantized rows) replays a
+        launch program (``moerun._triton.program``) from the third call of its shape on
+        (recorded at the second): the same allocations and launches with the argument checks
+        and size arithmetic done once. Not for a ``kernel="persistent"`` or ``"ws"`` config
+        (their TMA descriptors are built per launch), which take the plain path."""
+        if shared is None:
+            out = None
+            if quant is None and x.is_cuda:
+                out = self._replay(x, w13, w2, topk_weights, topk_ids)
+            elif quant is not None and isinstance(x, QuantizedRows) and x.data.is_cuda:
+                out = self._replay_fp8(x, w13, w2, topk_weights, topk_ids, quant)
             if out is not None:
                 return out
         return self._run_plain(x, w13, w2, topk_weights, topk_ids, shared, quant)
@@ -280,6 +285,22 @@ class TritonExperts(Backend):
         key = (cfg, layout_key(tensors))
         return self._programs.call(key, tensors, lambda: self._run_plain(
             x, w13, w2, topk_weights, topk_ids, None, None))
+
+    def _replay_fp8(self, x, w13, w2, topk_weights, topk_ids, quant):
+        """The fp8 call of quantized rows ``x`` through its launch program, or None for the
+        plain path: as :meth:`_replay`, the key adding the output dtype and the rows' group
+        (the scales are inputs like the weights)."""
+        if x.data.dim() != 2 or w13.dim() != 3 or topk_ids.dim() != 2:
+            return None
+        s, two_i, h = w13.shape
+        cfg = self.fp8_config_for(s, two_i // 2, h, x.data.shape[0], topk_ids.shape[1])
+        if cfg.kernel in ("persistent", "ws"):
+            return None  # per-launch TMA descriptors: not replayed
+        tensors = (x.data, x.scale, w13, w2, quant.w13_scale, quant.w2_scale, topk_weights,
+                   topk_ids)
+        key = ("fp8", cfg, quant.out_dtype, x.group, layout_key(tensors))
+        return self._programs.call(key, tensors, lambda: self._run_fp8(
+            x, w13, w2, topk_weights, topk_ids, None, quant))
 
     def _run_plain(self, x, w13, w2, topk_weights, topk_ids, shared, quant):
         from moerun.backends.triton.align import moe_align
