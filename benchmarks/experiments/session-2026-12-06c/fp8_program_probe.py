@@ -1,6 +1,6 @@
 """Host time of the fp8 backend call (quantized rows in, as the layer hands them) with and
-without its launch program (``TritonExperts._replay_fp8``), at the shipped configs of the
-card. Device script.
+without its launch program (``TritonExperts._call_fp8``; ``_replay_fp8`` when this ran),
+at the shipped configs of the card. Device script.
 
     PYTHONPATH=. python3 benchmarks/experiments/session-2026-12-06c/fp8_program_probe.py \
         --out p.json

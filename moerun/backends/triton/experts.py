@@ -217,7 +217,8 @@ class TritonExperts(Backend):
         return self._table().lookup(num_slots, inter, hidden, num_tokens, top_k,
                                     torch.float8_e4m3fn).source
 
-    def _run_fp8(self, x, w13, w2, topk_weights, topk_ids, shared, quant):
+    def _run_fp8(self, x, w13, w2, topk_weights, topk_ids, shared, quant, cfg=None):
+        """The fp8 call, plainly; ``cfg`` the config a caller already looked up for it."""
         from moerun.backends.triton.fp8 import run_experts_fp8
 
         if shared is not None:
@@ -237,7 +238,8 @@ class TritonExperts(Backend):
             weights = weights.to(torch.float32)
         if not weights.is_contiguous():
             weights = weights.contiguous()
-        cfg = self.fp8_config_for(s, two_i // 2, h, m, k)
+        if cfg is None:
+            cfg = self.fp8_config_for(s, two_i // 2, h, m, k)
         return run_experts_fp8(x, w13, w2, quant.w13_scale, quant.w2_scale, weights, ids, cfg,
                                quant.out_dtype)
 
@@ -262,13 +264,13 @@ class TritonExperts(Backend):
         and size arithmetic done once. Not for a ``kernel="persistent"`` or ``"ws"`` config
         (their TMA descriptors are built per launch), which take the plain path."""
         if shared is None:
-            out = None
-            if quant is None and x.is_cuda:
-                out = self._replay(x, w13, w2, topk_weights, topk_ids)
-            elif quant is not None and isinstance(x, QuantizedRows) and x.data.is_cuda:
-                out = self._replay_fp8(x, w13, w2, topk_weights, topk_ids, quant)
-            if out is not None:
-                return out
+            if quant is None:
+                if x.is_cuda:
+                    out = self._replay(x, w13, w2, topk_weights, topk_ids)
+                    if out is not None:
+                        return out
+            elif isinstance(x, QuantizedRows) and x.data.is_cuda:
+                return self._call_fp8(x, w13, w2, topk_weights, topk_ids, quant)
         return self._run_plain(x, w13, w2, topk_weights, topk_ids, shared, quant)
 
     def _replay(self, x, w13, w2, topk_weights, topk_ids):
@@ -286,21 +288,22 @@ class TritonExperts(Backend):
         return self._programs.call(key, tensors, lambda: self._run_plain(
             x, w13, w2, topk_weights, topk_ids, None, None))
 
-    def _replay_fp8(self, x, w13, w2, topk_weights, topk_ids, quant):
-        """The fp8 call of quantized rows ``x`` through its launch program, or None for the
-        plain path: as :meth:`_replay`, the key adding the output dtype and the rows' group
-        (the scales are inputs like the weights)."""
+    def _call_fp8(self, x, w13, w2, topk_weights, topk_ids, quant):
+        """The fp8 call of quantized rows ``x`` on CUDA: through its launch program as
+        :meth:`_replay` (the key adding the output dtype and the rows' group; the scales are
+        inputs like the weights), plainly for a ``persistent`` or ``ws`` config (per-launch
+        TMA descriptors), with one config lookup either way."""
         if x.data.dim() != 2 or w13.dim() != 3 or topk_ids.dim() != 2:
-            return None
+            return self._run_fp8(x, w13, w2, topk_weights, topk_ids, None, quant)
         s, two_i, h = w13.shape
         cfg = self.fp8_config_for(s, two_i // 2, h, x.data.shape[0], topk_ids.shape[1])
         if cfg.kernel in ("persistent", "ws"):
-            return None  # per-launch TMA descriptors: not replayed
+            return self._run_fp8(x, w13, w2, topk_weights, topk_ids, None, quant, cfg)
         tensors = (x.data, x.scale, w13, w2, quant.w13_scale, quant.w2_scale, topk_weights,
                    topk_ids)
         key = ("fp8", cfg, quant.out_dtype, x.group, layout_key(tensors))
         return self._programs.call(key, tensors, lambda: self._run_fp8(
-            x, w13, w2, topk_weights, topk_ids, None, quant))
+            x, w13, w2, topk_weights, topk_ids, None, quant, cfg))
 
     def _run_plain(self, x, w13, w2, topk_weights, topk_ids, shared, quant):
         from moerun.backends.triton.align import moe_align

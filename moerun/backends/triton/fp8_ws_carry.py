@@ -43,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from moerun._triton.launch import FastLauncher
 from moerun.backends.triton.fp8_ws_parts import (
     LOAD_REGS,
     MMA_REGS,
@@ -52,7 +53,6 @@ from moerun.backends.triton.fp8_ws_parts import (
     stage_ring,
     tile_of,
 )
-from moerun._triton.launch import FastLauncher
 from moerun.quant import AMAX_EPS, FP8_MAX
 
 __all__ = [
